@@ -1,0 +1,84 @@
+"""The engine interface the gateway talks to; the llama.cpp and upstream engines implement it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
+
+
+class EngineBusy(Exception):
+    """The request queue is full; the client should retry later."""
+
+    def __init__(self, retry_after: int = 1) -> None:
+        super().__init__("the engine queue is full")
+        self.retry_after = retry_after
+
+
+class EngineUnavailable(Exception):
+    """The engine (e.g. an upstream server) cannot be reached."""
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A conversation rendered for one engine: what it will actually read."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+    n_tokens: int
+    text: str | None = None
+    tokens: tuple[int, ...] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """Prefill finished: the prompt's size and how much of it came from the cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    restored_from: str  # "context" | "ram" | "disk" | "none"
+
+
+EngineEvent = PrefillDone | TextDelta | ToolCallDelta | Finished
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A session's KV state as the engine saved it: token ids it covers + opaque state bytes."""
+
+    tokens: tuple[int, ...]
+    blob: bytes
+
+
+class StateTier(Protocol):
+    """Where the engine puts a session's KV state when it switches to another session."""
+
+    def stash(self, session_id: str, state: SavedState) -> None: ...
+
+    def fetch(self, session_id: str) -> tuple[SavedState, str] | None:
+        """The saved state and the tier it came from ("ram" | "disk"), or None."""
+        ...
+
+
+class Engine(Protocol):
+    model_id: str
+    n_ctx: int
+    fingerprint: str
+
+    def count_tokens(self, text: str) -> int: ...
+
+    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt: ...
+
+    def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
+        """Yields PrefillDone once, then text/tool-call deltas, then exactly one Finished."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        """Finish or cancel the request in flight and hand every live state to the state tier."""
+        ...
+
+    def stats(self) -> dict[str, float]: ...

@@ -1,0 +1,333 @@
+"""The in-process llama.cpp engine: one Llama context, one worker thread, a bounded queue.
+
+llama.cpp contexts are not thread-safe, so every call that touches the context runs on a single
+worker thread; the event loop only enqueues jobs and relays events. One context serves one session
+at a time: switching sessions stashes the current KV state (sequence-level state API, exact and
+small) in the state tier and restores the target's, so a returning session prefills only its new
+tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.base import EngineBusy, EngineEvent, PrefillDone, PreparedPrompt, SavedState, StateTier
+from engine.chat_templates import ChatTemplate, select_template
+from engine.stops import StopMatcher
+from engine.tool_parsers import ToolCallStream, parser_for
+from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolSpec, Usage
+
+log = logging.getLogger("pflash.engine")
+
+_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids
+
+
+@dataclass(frozen=True)
+class LlamaOptions:
+    model_path: Path
+    model_sha256: str
+    n_ctx: int = 32768
+    n_threads: int | None = None
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_gpu_layers: int = -1
+    main_gpu: int = 0
+    flash_attn: bool = False
+    swa_full: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    chat_template: str | None = None
+    seed: int = 0
+    queue_size: int = 16
+
+
+@dataclass
+class _Job:
+    session_id: str
+    tokens: Sequence[int]
+    params: SamplingParams
+    max_new: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event: Any) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass(frozen=True)
+class _RawText:
+    text: str
+
+
+@dataclass(frozen=True)
+class _RawDone:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    completion_tokens: int
+    stop_sequence: str | None
+
+
+@dataclass(frozen=True)
+class _RawError:
+    error: BaseException
+
+
+class LlamaEngine:
+    def __init__(self, options: LlamaOptions, tier: StateTier | None = None) -> None:
+        import llama_cpp  # imported here so the rest of the gateway works without it
+
+        self._lib = llama_cpp
+        self._opts = options
+        self._tier = tier
+        self.n_ctx = options.n_ctx
+        self.model_id = options.model_path.name
+        self._llm = llama_cpp.Llama(
+            model_path=str(options.model_path),
+            n_ctx=options.n_ctx,
+            n_threads=options.n_threads or os.cpu_count() or 1,
+            n_threads_batch=options.n_threads or os.cpu_count() or 1,
+            n_batch=options.n_batch,
+            n_ubatch=options.n_ubatch,
+            n_gpu_layers=options.n_gpu_layers,
+            main_gpu=options.main_gpu,
+            flash_attn=options.flash_attn,
+            swa_full=options.swa_full,
+            type_k=_KV_TYPES[options.cache_type_k],
+            type_v=_KV_TYPES[options.cache_type_v],
+            seed=options.seed,
+            verbose=False,
+        )
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
+        self.template: ChatTemplate = select_template(self._llm.metadata, options.chat_template)
+        arch = self._llm.metadata.get("general.architecture", "")
+        window = int(self._llm.metadata.get(f"{arch}.attention.sliding_window", "0") or 0)
+        # With a small sliding-window cache, rolling the cache back further than the retained
+        # window silently corrupts the SWA layers (ENGINE-NOTES): reuse only short rollbacks.
+        self._max_rollback = (
+            options.n_ctx if options.swa_full or window == 0 else max(0, min(window, options.n_ubatch) // 2)
+        )
+        self.fingerprint = "|".join(
+            [options.model_sha256, str(options.n_ctx), options.cache_type_k, options.cache_type_v,
+             f"swa_full={options.swa_full}", self.template.sha256]
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-worker")
+        self._pending = 0
+        self._closing = False
+        self._current: str | None = None  # session whose KV the context holds
+        self._counters: dict[str, float] = {
+            "prefill_tokens_evaluated": 0, "prefill_tokens_reused": 0, "restore_failures": 0,
+            "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0,
+        }
+        log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
+                 self.template.sha256[:12])
+
+    def attach_tier(self, tier: StateTier) -> None:
+        """The session registry needs our fingerprint to open its store, so it arrives late."""
+        self._tier = tier
+
+    # --- tokens ----------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
+        text = self.template.render(messages, tools, add_generation_prompt=True)
+        tokens = await asyncio.to_thread(self.tokenize, text)
+        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        """Let the job in flight end, then stash the live session's state in the tier."""
+        self._closing = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._stash_current)
+        self._executor.shutdown(wait=True)
+
+    def stats(self) -> dict[str, float]:
+        return {**self._counters, "queue_depth": self._pending}
+
+    # --- generation ------------------------------------------------------------------------------
+    def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
+        """Queue a turn (EngineBusy at once if the queue is full) and return its events."""
+        if self._closing:
+            raise EngineBusy(retry_after=5)
+        if self._pending >= self._opts.queue_size:
+            raise EngineBusy(retry_after=max(1, self._pending // 2))
+        assert prompt.tokens is not None
+        room = self.n_ctx - prompt.n_tokens
+        max_new = min(params.max_tokens or room, room)
+        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop())
+        self._pending += 1
+        future = job.loop.run_in_executor(self._executor, self._run, job)
+        future.add_done_callback(self._job_done)
+        return self._relay(job, prompt)
+
+    async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
+        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.tools else None
+        cached = 0
+        try:
+            while True:
+                raw = await job.events.get()
+                if isinstance(raw, PrefillDone):
+                    cached = raw.cached_tokens
+                    yield raw
+                elif isinstance(raw, _RawText):
+                    for event in tool_stream.feed(raw.text) if tool_stream else [TextDelta(raw.text)]:
+                        yield event
+                elif isinstance(raw, _RawError):
+                    raise raw.error
+                elif isinstance(raw, _RawDone):
+                    has_calls = False
+                    if tool_stream:
+                        for event in tool_stream.finish():
+                            yield event
+                        has_calls = tool_stream.has_tool_calls
+                    reason = "tool_calls" if has_calls else ("length" if raw.finish_reason == "length" else "stop")
+                    usage = Usage(prompt.n_tokens, raw.completion_tokens, cached)
+                    yield Finished(reason, usage, raw.stop_sequence)  # type: ignore[arg-type]
+                    return
+        finally:
+            job.cancelled.set()  # a client that went away stops the worker at the next token
+
+    def _job_done(self, _future: object) -> None:
+        self._pending -= 1
+
+    # --- worker thread ---------------------------------------------------------------------------
+    def _run(self, job: _Job) -> None:
+        if job.cancelled.is_set():
+            job.emit(_RawDone("cancelled", 0, None))
+            return
+        try:
+            self._generate(job)
+        except Exception as exc:  # the context may be inconsistent: drop it, keep serving
+            log.exception("engine failure for session %s", job.session_id[:12])
+            self._reset_context()
+            job.emit(_RawError(exc))
+
+    def _generate(self, job: _Job) -> None:
+        llm = self._llm
+        restored_from = self._switch_to(job.session_id)
+        tokens = list(job.tokens)
+        reuse = min(self._reusable_prefix(tokens), len(tokens) - 1)  # the last token yields logits
+        llm.n_tokens = reuse
+        started = time.perf_counter()
+        for at in range(reuse, len(tokens), self._opts.n_batch):
+            if job.cancelled.is_set():
+                self._reset_context()  # a half-prefilled context is still exact, but simpler to drop
+                job.emit(_RawDone("cancelled", 0, None))
+                return
+            llm.eval(tokens[at : at + self._opts.n_batch])
+        self._counters["prefill_tokens_evaluated"] += len(tokens) - reuse
+        self._counters["prefill_tokens_reused"] += reuse
+        log.debug("prefill %d tokens (%d reused) in %.3fs", len(tokens) - reuse, reuse, time.perf_counter() - started)
+        job.emit(PrefillDone(len(tokens), reuse, restored_from))
+
+        llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
+        sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopMatcher(job.params.stop)
+        produced = 0
+        finish = "length"
+        while produced < job.max_new:
+            if job.cancelled.is_set():
+                finish = "cancelled"
+                break
+            token = sampler.sample(llm._ctx, -1)
+            if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
+                finish = "stop"
+                break
+            produced += 1
+            text = stops.feed(decoder.decode(llm.detokenize([token])))
+            if text:
+                job.emit(_RawText(text))
+            if stops.hit is not None:
+                finish = "stop"
+                break
+            if produced < job.max_new:
+                llm.eval([token])  # keep the KV covering everything the client will send back
+        tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
+        if tail:
+            job.emit(_RawText(tail))
+        self._counters["completion_tokens"] += produced
+        job.emit(_RawDone(finish, produced, stops.hit))
+
+    def _reusable_prefix(self, tokens: Sequence[int]) -> int:
+        llm = self._llm
+        cached = llm.n_tokens
+        limit = min(cached, len(tokens))
+        ids = llm.input_ids
+        common = 0
+        while common < limit and ids[common] == tokens[common]:
+            common += 1
+        if cached - common > self._max_rollback:
+            log.info("prefix diverges %d tokens before the cache end: full prefill", cached - common)
+            return 0
+        return common
+
+    def _switch_to(self, session_id: str) -> str:
+        if self._current == session_id:
+            return "context"
+        self._stash_current()
+        self._current = session_id
+        found = self._tier.fetch(session_id) if self._tier else None
+        if found is None:
+            return "none"
+        state, tier_name = found
+        if self._restore(state):
+            self._counters[f"restores_{tier_name}"] += 1
+            return tier_name
+        self._counters["restore_failures"] += 1
+        log.warning("KV restore for session %s failed: full prefill", session_id[:12])
+        self._reset_context()
+        self._current = session_id
+        return "none"
+
+    def _stash_current(self) -> None:
+        if self._tier and self._current is not None and self._llm.n_tokens > 0:
+            self._tier.stash(self._current, self._save_state())
+        self._reset_context()
+
+    def _reset_context(self) -> None:
+        self._llm._ctx.kv_cache_clear()
+        self._llm.n_tokens = 0
+        self._current = None
+
+    def _save_state(self) -> SavedState:
+        ctx = self._llm._ctx.ctx
+        size = self._lib.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data(ctx, buf, size, 0)
+        n = self._llm.n_tokens
+        return SavedState(tuple(int(t) for t in self._llm.input_ids[:n]), ctypes.string_at(buf, written))
+
+    def _restore(self, state: SavedState) -> bool:
+        llm = self._llm
+        llm._ctx.kv_cache_clear()
+        n = len(state.tokens)
+        if n == 0 or n > self.n_ctx:
+            return False
+        buf = (ctypes.c_uint8 * len(state.blob)).from_buffer_copy(state.blob)
+        if self._lib.llama_state_seq_set_data(llm._ctx.ctx, buf, len(state.blob), 0) == 0:
+            return False
+        # Verify the cache covers exactly the positions the saved token ids claim.
+        memory = self._lib.llama_get_memory(llm._ctx.ctx)
+        if self._lib.llama_memory_seq_pos_max(memory, 0) != n - 1:
+            return False
+        llm.input_ids[:n] = state.tokens
+        llm.n_tokens = n
+        return True

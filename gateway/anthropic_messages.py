@@ -1,0 +1,435 @@
+"""Anthropic Messages (POST /v1/messages, /v1/messages/count_tokens) <-> the neutral conversation.
+
+Pure, h11-style: request bodies in, `Conversation` out; engine events in, SSE bytes out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictStr
+
+from gateway.errors import ApiError, error_body, invalid
+from gateway.openai_chat import (
+    PART_SEPARATOR,
+    PositiveInt,
+    UnitFloat,
+    WireModel,
+    session_hints,
+    sse_event,
+    validate,
+    with_prefix,
+)
+from policies.conversation import (
+    Conversation,
+    Finished,
+    Message,
+    SamplingParams,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+)
+
+# Anthropic writes parameter paths with dots: "messages.0.content".
+_validate = partial(validate, dotted=True)
+
+# --------------------------------------------------------------------------------------------
+# Request wire models
+# --------------------------------------------------------------------------------------------
+
+
+class TextBlock(WireModel):
+    type: StrictStr
+    text: StrictStr
+
+
+class ToolUseBlock(WireModel):
+    type: StrictStr
+    id: StrictStr
+    name: StrictStr
+    input: dict[str, Any]
+
+
+class ToolResultBlock(WireModel):
+    type: StrictStr
+    tool_use_id: StrictStr
+    content: object = None  # string or list of text blocks; checked by hand
+    is_error: StrictBool | None = None
+
+
+class AnthropicMessage(WireModel):
+    role: StrictStr
+    content: object
+
+
+class AnthropicTool(WireModel):
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    input_schema: dict[str, Any]
+
+
+class AnthropicToolChoice(WireModel):
+    type: StrictStr
+    name: StrictStr | None = None
+
+
+class MessagesRequest(WireModel):
+    # A local gateway serves one model, so a missing name is not worth a 400.
+    model: StrictStr = ""
+    max_tokens: PositiveInt
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    system: object = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    stop_sequences: list[StrictStr] | None = None
+    temperature: UnitFloat | None = None
+    top_p: UnitFloat | None = None
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # accepted; the local model does not think out loud
+    stream: StrictBool | None = None
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: PositiveInt | None = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+# Blocks of earlier assistant turns that carry no content for a model without extended thinking.
+_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _text_blocks(raw: object, param: str) -> str:
+    """A string or a list of text blocks (system prompt, tool_result content) as one string."""
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, list):
+        raise invalid(f"{param}: expected a string or an array of text blocks.", param)
+    texts: list[str] = []
+    for i, block in enumerate(raw):
+        where = f"{param}.{i}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            raise invalid(f"{where}.type: unsupported content block type {kind!r} (only 'text' here).", f"{where}.type")
+        texts.append(_validate(TextBlock, block, _loc(where)).text)
+    return PART_SEPARATOR.join(texts)
+
+
+def _loc(param: str) -> tuple[str | int, ...]:
+    # Anthropic names params with dots ("messages.0.content"); split back into a pydantic loc.
+    return tuple(int(p) if p.isdigit() else p for p in param.split("."))
+
+
+def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list[Message]:
+    if isinstance(content, str):
+        return [Message("user", content)]
+    if not isinstance(content, list):
+        raise invalid(f"{param}: expected a string or an array of content blocks.", param)
+    out: list[Message] = []
+    pending: list[str] = []  # user text not yet emitted; tool results split it into messages
+
+    def flush() -> None:
+        if pending:
+            out.append(Message("user", PART_SEPARATOR.join(pending)))
+            pending.clear()
+
+    for i, block in enumerate(content):
+        where = f"{param}.{i}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            pending.append(_validate(TextBlock, block, _loc(where)).text)
+        elif kind == "tool_result":
+            result = _validate(ToolResultBlock, block, _loc(where))
+            if result.tool_use_id not in tool_names:
+                raise invalid(
+                    f"{where}.tool_use_id: {result.tool_use_id!r} does not match any tool_use block "
+                    "of a preceding assistant message.",
+                    f"{where}.tool_use_id",
+                )
+            text = "" if result.content is None else _text_blocks(result.content, f"{where}.content")
+            flush()
+            out.append(
+                Message(
+                    "tool",
+                    text,
+                    tool_call_id=result.tool_use_id,
+                    name=tool_names[result.tool_use_id],
+                    is_error=bool(result.is_error),
+                )
+            )
+        elif kind in _IGNORED_BLOCKS:
+            continue
+        else:
+            raise invalid(f"{where}.type: unsupported content block type {kind!r} in a user message.", f"{where}.type")
+    flush()
+    return out
+
+
+def _parse_assistant(content: object, param: str, tool_names: dict[str, str]) -> list[Message]:
+    if isinstance(content, str):
+        return [Message("assistant", content)] if content else []
+    if not isinstance(content, list):
+        raise invalid(f"{param}: expected a string or an array of content blocks.", param)
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for i, block in enumerate(content):
+        where = f"{param}.{i}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_validate(TextBlock, block, _loc(where)).text)
+        elif kind == "tool_use":
+            use = _validate(ToolUseBlock, block, _loc(where))
+            calls.append(ToolCall(use.id, use.name, json.dumps(use.input, ensure_ascii=False)))
+            tool_names[use.id] = use.name
+        elif kind in _IGNORED_BLOCKS:
+            continue
+        else:
+            raise invalid(
+                f"{where}.type: unsupported content block type {kind!r} in an assistant message.", f"{where}.type"
+            )
+    if not texts and not calls:
+        return []  # e.g. only thinking blocks: nothing the model should see
+    return [Message("assistant", PART_SEPARATOR.join(texts), tool_calls=tuple(calls))]
+
+
+def _parse_tools(raw: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
+    specs: list[ToolSpec] = []
+    for i, item in enumerate(raw or ()):
+        # Server tools (web_search_..., bash_..., text_editor_...) are typed and have no schema;
+        # the local model cannot run them, so they are dropped rather than refused.
+        if "input_schema" not in item and item.get("type") not in (None, "custom"):
+            continue
+        tool = _validate(AnthropicTool, item, ("tools", i))
+        specs.append(ToolSpec(tool.name, tool.description or "", tool.input_schema))
+    return tuple(specs)
+
+
+def _parse_tool_choice(choice: AnthropicToolChoice | None, tools: tuple[ToolSpec, ...]) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    if choice.type in ("auto", "none"):
+        return choice.type
+    if choice.type == "any":
+        return "required"
+    if choice.type == "tool":
+        if not choice.name:
+            raise invalid("tool_choice.name: Field required when tool_choice.type is 'tool'.", "tool_choice.name")
+        if choice.name not in {t.name for t in tools}:
+            raise invalid(f"tool_choice.name: no tool named {choice.name!r} in 'tools'.", "tool_choice.name")
+        return {"name": choice.name}
+    raise invalid(
+        f"tool_choice.type: {choice.type!r} is not one of 'auto', 'any', 'tool', 'none'.", "tool_choice.type"
+    )
+
+
+def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str]) -> Conversation:
+    messages: list[Message] = []
+    if req.system is not None:
+        system = _text_blocks(req.system, "system")
+        if system:
+            messages.append(Message("system", system))
+
+    tool_names: dict[str, str] = {}  # tool_use id -> tool name, for the results that answer them
+    for i, raw in enumerate(req.messages):
+        msg = _validate(AnthropicMessage, raw, ("messages", i))
+        param = f"messages.{i}.content"
+        if msg.role == "user":
+            messages.extend(_parse_user(msg.content, param, tool_names))
+        elif msg.role == "assistant":
+            messages.extend(_parse_assistant(msg.content, param, tool_names))
+        else:
+            raise invalid(
+                f"messages.{i}.role: unknown role {msg.role!r} (expected 'user' or 'assistant'; "
+                "use the top-level 'system' parameter for a system prompt).",
+                f"messages.{i}.role",
+            )
+
+    tools = _parse_tools(req.tools)
+    defaults = SamplingParams()
+    params = SamplingParams(
+        max_tokens=req.max_tokens,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        stop=tuple(req.stop_sequences or ()),
+    )
+    return Conversation(
+        messages=tuple(messages),
+        tools=tools,
+        tool_choice=_parse_tool_choice(req.tool_choice, tools),
+        params=params,
+        hints=session_hints(body, headers),
+        model=req.model,
+        stream=bool(req.stream),
+    )
+
+
+def parse_request(body: object, headers: Mapping[str, str]) -> Conversation:
+    """A Messages request body as a neutral Conversation; ApiError(400) if invalid."""
+    req = _validate(MessagesRequest, body)
+    assert isinstance(body, dict)
+    return _parse(req, body, headers)
+
+
+def parse_count_tokens_request(body: object, headers: Mapping[str, str]) -> Conversation:
+    """Same as parse_request, but `max_tokens` is optional (count_tokens does not generate)."""
+    req = _validate(CountTokensRequest, body)
+    assert isinstance(body, dict)
+    return _parse(req, body, headers)
+
+
+# --------------------------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------------------------
+
+
+def _stop_reason(finished: Finished, has_calls: bool) -> str:
+    if finished.finish_reason == "length":
+        return "max_tokens"
+    if finished.finish_reason == "tool_calls" or has_calls:
+        return "tool_use"  # Claude Code only runs tools when told the turn stopped for them
+    return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+
+
+def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
+    # Anthropic's input_tokens excludes cache reads; the two add up to the whole prompt.
+    return {
+        "input_tokens": max(prompt_tokens - cached_tokens, 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    # `input` must be an object; arguments that are not one are dropped rather than crash clients.
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def complete_response(
+    conv: Conversation,
+    response_id: str,
+    created: int,
+    text: str,
+    tool_calls: Sequence[ToolCall],
+    finished: Finished,
+) -> dict[str, Any]:
+    """The non-streaming Message body."""
+    content: list[dict[str, Any]] = []
+    if text:
+        content.append({"type": "text", "text": text})
+    for call in tool_calls:
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
+    stop_reason = _stop_reason(finished, bool(tool_calls))
+    u = finished.usage
+    return {
+        "id": with_prefix(response_id, "msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": conv.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": finished.stop_sequence if stop_reason == "stop_sequence" else None,
+        "usage": _usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens),
+    }
+
+
+class StreamEncoder:
+    """Engine events -> Anthropic `event: NAME` SSE frames.
+
+    Text and tool calls become content blocks in arrival order; a block is closed when the next
+    one opens. A ToolCallDelta for the call already open appends `arguments` as a JSON fragment
+    (engines that stream arguments send each call's fragments contiguously).
+    """
+
+    def __init__(self, conv: Conversation, response_id: str, created: int):
+        self.model = conv.model
+        self.id = with_prefix(response_id, "msg_")
+        self._started = False
+        self._done = False
+        self._block = -1  # index of the open content block, -1 if none
+        self._block_kind: str | None = None  # "text" or "tool_use"
+        self._open_call: int | None = None  # ToolCallDelta.index of the open tool_use block
+        self._has_calls = False
+
+    def begin(self, prompt_tokens: int = 0, cached_tokens: int = 0) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        message = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(prompt_tokens, cached_tokens, 0),
+        }
+        return sse_event("message_start", {"type": "message_start", "message": message}) + self.keepalive()
+
+    def keepalive(self) -> bytes:
+        return sse_event("ping", {"type": "ping"})
+
+    def _close_block(self) -> bytes:
+        if self._block_kind is None:
+            return b""
+        self._block_kind = None
+        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
+
+    def _open_block(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._close_block()
+        self._block += 1
+        self._block_kind = kind
+        start = {"type": "content_block_start", "index": self._block, "content_block": block}
+        return out + sse_event("content_block_start", start)
+
+    def _delta(self, delta: dict[str, Any], index: int) -> bytes:
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes:
+        if self._done:
+            return b""
+        out = self.begin()  # message_start must come first, even if begin() was skipped
+        if isinstance(event, TextDelta):
+            if not event.text:
+                return out
+            if self._block_kind != "text":
+                out += self._open_block("text", {"type": "text", "text": ""})
+            out += self._delta({"type": "text_delta", "text": event.text}, self._block)
+        elif isinstance(event, ToolCallDelta):
+            if self._block_kind != "tool_use" or self._open_call != event.index:
+                call = event.call
+                out += self._open_block("tool_use", {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+                self._open_call = event.index
+                self._has_calls = True
+            if event.call.arguments:
+                out += self._delta({"type": "input_json_delta", "partial_json": event.call.arguments}, self._block)
+        else:
+            self._done = True
+            out += self._close_block()
+            stop_reason = _stop_reason(event, self._has_calls)
+            u = event.usage
+            delta = {
+                "stop_reason": stop_reason,
+                "stop_sequence": event.stop_sequence if stop_reason == "stop_sequence" else None,
+            }
+            usage = _usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+            out += sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
+            out += sse_event("message_stop", {"type": "message_stop"})
+        return out
+
+    def error(self, err: ApiError) -> bytes:
+        if self._done:
+            return b""
+        self._done = True
+        return sse_event("error", error_body(err, "anthropic"))

@@ -1,0 +1,204 @@
+"""The HTTP shell shared by the three client APIs: read the body, run the turn, answer in the
+client's own format (JSON or SSE), with keep-alives during long prefills and cancellation when the
+client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone
+from gateway.errors import ApiError, ApiFlavor
+from gateway.state import APP_STATE, TENANT
+from gateway.turns import Turn
+from policies.conversation import Conversation, Finished, TextDelta, ToolCall, ToolCallDelta
+
+log = logging.getLogger("pflash.http")
+
+
+class StreamEncoderLike(Protocol):
+    def begin(self, prompt_tokens: int, cached_tokens: int) -> bytes: ...
+    def keepalive(self) -> bytes: ...
+    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes: ...
+    def error(self, err: ApiError) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ApiAdapter:
+    flavor: ApiFlavor
+    id_prefix: str
+    parse_request: Callable[[object, Mapping[str, str]], Conversation]
+    complete_response: Callable[..., dict[str, Any]]
+    stream_encoder: Callable[[Conversation, str, int], StreamEncoderLike]
+
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def read_json(request: web.Request) -> object:
+    """The request body as JSON, or an ApiError a client can act on (413, 400)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"request body too large (limit {request.client_max_size} bytes)", "request_too_large") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ApiError(400, "request body is not valid UTF-8") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def lower_headers(request: web.Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+async def parse_conversation(request: web.Request, adapter: ApiAdapter) -> Conversation:
+    body = await read_json(request)
+    conv = adapter.parse_request(body, lower_headers(request))
+    limits = request.app[APP_STATE].settings
+    if len(conv.messages) > limits.max_messages:
+        raise ApiError(400, f"too many messages: {len(conv.messages)} > {limits.max_messages}", param="messages")
+    return conv
+
+
+async def handle_turn(request: web.Request, adapter: ApiAdapter, conv: Conversation | None = None) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    if conv is None:
+        conv = await parse_conversation(request, adapter)
+    tenant = request.get(TENANT, "")
+    async with state.limiter.slot(tenant):
+        turn = await state.turns.prepare(conv, tenant)
+        try:
+            events = state.turns.stream(turn)
+        except EngineBusy as exc:
+            raise ApiError(503, "the engine is busy; retry shortly", "overloaded_error", retry_after=exc.retry_after) from None
+        response_id = f"{adapter.id_prefix}{secrets.token_hex(12)}"
+        created = int(time.time())
+        if conv.stream:
+            return await _stream(request, adapter, turn, events, response_id, created)
+        return await _complete(adapter, turn, events, response_id, created)
+
+
+async def _complete(
+    adapter: ApiAdapter, turn: Turn, events: AsyncIterator[EngineEvent], response_id: str, created: int
+) -> web.Response:
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    finished: Finished | None = None
+    try:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ToolCallDelta):
+                calls.append(event.call)
+            elif isinstance(event, Finished):
+                finished = event
+    except (EngineUnavailable, OSError) as exc:
+        raise ApiError(503, f"engine unavailable: {exc}", "overloaded_error", retry_after=5) from None
+    finally:
+        await _close(events)
+    assert finished is not None, "engine ended a turn without Finished"
+    log_turn(turn, finished, adapter.flavor)
+    body = adapter.complete_response(turn.conversation, response_id, created, "".join(text), calls, finished)
+    return web.json_response(body, headers=turn.headers())
+
+
+async def _stream(
+    request: web.Request,
+    adapter: ApiAdapter,
+    turn: Turn,
+    events: AsyncIterator[EngineEvent],
+    response_id: str,
+    created: int,
+) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    encoder = adapter.stream_encoder(turn.conversation, response_id, created)
+    response = web.StreamResponse(headers={**SSE_HEADERS, **turn.headers()})
+    iterator = events.__aiter__()
+    pending: asyncio.Future[EngineEvent] | None = None
+    try:
+        await response.prepare(request)
+        await response.write(encoder.begin(turn.prompt.n_tokens, 0))
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=state.settings.keepalive_seconds)
+            if not done:
+                await response.write(encoder.keepalive())  # also how we notice a client that left
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                break
+            finally:
+                pending = None
+            if isinstance(event, PrefillDone):
+                continue
+            await response.write(encoder.feed(event))
+            if isinstance(event, Finished):
+                log_turn(turn, event, adapter.flavor)
+        await response.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError, ConnectionError):
+        log.info("client went away mid-stream; generation cancelled")
+        raise
+    except ApiError as err:
+        await _write_quietly(response, encoder.error(err))
+    except Exception as exc:
+        log.exception("stream failed")
+        await _write_quietly(response, encoder.error(ApiError(500, f"internal error: {exc}", "api_error")))
+    finally:
+        if pending is not None:
+            pending.cancel()
+        await _close(events)
+    return response
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
+
+
+async def _close(events: AsyncIterator[EngineEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except (RuntimeError, StopAsyncIteration):
+            pass
+
+
+def log_turn(turn: Turn, finished: Finished, api: str) -> None:
+    usage = finished.usage
+    fields: dict[str, Any] = {
+        "event": "turn",
+        "api": api,
+        "session": turn.identity.session_id[:16],
+        "session_source": turn.identity.source,
+        "tokens_in": usage.prompt_tokens,
+        "tokens_reused": usage.cached_tokens,
+        "tokens_evaluated": usage.prompt_tokens - usage.cached_tokens,
+        "tokens_out": usage.completion_tokens,
+        "finish": finished.finish_reason,
+        "seconds": round(time.perf_counter() - turn.started, 3),
+    }
+    if turn.compression is not None:
+        c = turn.compression
+        fields.update(compressed=c.compressed, compression_reason=c.reason, scorer=c.scorer,
+                      original_tokens=c.original_tokens, kept_tokens=c.kept_tokens,
+                      scorer_seconds=round(c.scorer_seconds, 3))
+    log.info("turn", extra={"fields": fields})
+

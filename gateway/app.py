@@ -1,0 +1,178 @@
+"""The aiohttp application: routes, error and auth middlewares, and resource lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from engine.base import Engine
+from engine.scorers import Bm25Scorer, Scorer
+from gateway import admin, anthropic_messages, openai_chat, openai_responses
+from gateway.api_handler import ApiAdapter, handle_turn, parse_conversation
+from gateway.config import Settings
+from gateway.errors import ApiError, ApiFlavor, error_body
+from gateway.limits import ConcurrencyLimiter
+from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
+from gateway.turns import CompressionSettings, TurnService
+from sessions.registry import SessionRegistry
+from sessions.store import SessionStore
+
+log = logging.getLogger("pflash.app")
+
+EngineFactory = Callable[[Settings], Engine]
+
+OPENAI_CHAT = ApiAdapter("openai", "chatcmpl-", openai_chat.parse_request, openai_chat.complete_response,
+                         openai_chat.StreamEncoder)
+ANTHROPIC = ApiAdapter("anthropic", "msg_", anthropic_messages.parse_request, anthropic_messages.complete_response,
+                       anthropic_messages.StreamEncoder)
+RESPONSES = ApiAdapter("responses", "resp_", openai_responses.parse_request, openai_responses.complete_response,
+                       openai_responses.StreamEncoder)
+
+_OPEN_PATHS = {"/health", "/metrics"}
+
+
+def flavor_for(path: str) -> ApiFlavor:
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/responses"):
+        return "responses"
+    return "openai"
+
+
+def error_response(err: ApiError, flavor: ApiFlavor) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return web.json_response(error_body(err, flavor), status=err.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    flavor = flavor_for(request.path)
+    try:
+        return await handler(request)
+    except ApiError as err:
+        log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
+        return error_response(err, flavor)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return error_response(ApiError(exc.status, exc.reason or "error", kind), flavor)  # type: ignore[arg-type]
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s", request.path)
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "api_error"), flavor)
+
+
+def tenant_of(key: str) -> str:
+    return hashlib.sha256(b"pflash-tenant\x00" + key.encode()).hexdigest()[:32]
+
+
+def request_key(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key") or request.headers.get("api-key")
+
+
+def auth_middleware(settings: Settings) -> Any:
+    keys = settings.all_keys
+    admins = set(settings.admin_keys)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if not keys:
+            request[TENANT] = ""
+            request[IS_ADMIN] = True
+            return await handler(request)
+        if request.path in _OPEN_PATHS:
+            return await handler(request)
+        given = request_key(request)
+        match = next((k for k in keys if given is not None and hmac.compare_digest(k.encode(), given.encode())), None)
+        if match is None:
+            raise ApiError(401, "invalid or missing API key", "authentication_error")
+        request[TENANT] = tenant_of(match)
+        request[IS_ADMIN] = match in admins
+        return await handler(request)
+
+    return middleware
+
+
+def turn_route(adapter: ApiAdapter) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handle_turn(request, adapter)
+
+    return handler
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """Anthropic count_tokens: counted on what the model would see, after compression."""
+    state = request.app[APP_STATE]
+    conv = await parse_conversation(request, ApiAdapter("anthropic", "", anthropic_messages.parse_count_tokens_request,
+                                                        anthropic_messages.complete_response,
+                                                        anthropic_messages.StreamEncoder))
+    turn = await state.turns.prepare(conv, request.get(TENANT, ""))
+    return web.json_response({"input_tokens": turn.prompt.n_tokens})
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app.get(APP_STATE)
+    if state is None or not state.ready:
+        return web.json_response({"status": "loading"}, status=503)
+    return web.json_response({"status": "ok", "model": state.settings.model_name})
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[APP_STATE]
+    entry = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "pflash-gateway"}
+    return web.json_response({"object": "list", "data": [entry]})
+
+
+def default_scorer(settings: Settings) -> Scorer:
+    return Bm25Scorer()
+
+
+def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Application:
+    app = web.Application(
+        client_max_size=int(settings.max_body_mb * 1024 * 1024),
+        middlewares=[error_middleware, auth_middleware(settings)],
+    )
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        engine = await asyncio.to_thread(engine_factory, settings)
+        store = SessionStore(settings.store_dir, engine.fingerprint, settings.zstd_level,
+                             settings.disk_budget_mb * 1024 * 1024)
+        registry = SessionRegistry(store, settings.ram_budget_mb * 1024 * 1024)
+        attach = getattr(engine, "attach_tier", None)
+        if attach is not None:
+            attach(registry)
+        compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
+                                          settings.max_segment, settings.request_tokens, settings.fallback_spread)
+        turns = TurnService(engine, registry, default_scorer(settings), compression)
+        state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
+        app[APP_STATE] = state
+        await engine.start()
+        state.ready = True
+        log.info("ready: model %s, n_ctx %d, store %s (%d sessions on disk)", engine.model_id, engine.n_ctx,
+                 store.dir, len(registry.list(None)))
+        yield
+        state.ready = False
+        await engine.close()  # the live session's KV goes to the RAM tier ...
+        await asyncio.to_thread(registry.flush)  # ... and everything to disk
+        log.info("sessions flushed to %s", store.dir)
+
+    app.cleanup_ctx.append(lifetime)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", turn_route(OPENAI_CHAT))
+    app.router.add_post("/v1/messages", turn_route(ANTHROPIC))
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_post("/v1/responses", turn_route(RESPONSES))
+    admin.add_routes(app)
+    return app

@@ -1,0 +1,158 @@
+"""`pflash-gateway` command line. Settings flags are generated from gateway.config.Settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import types
+import typing
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic.fields import FieldInfo
+
+from gateway.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("pflash.cli")
+
+# Settings that make sense on every subcommand's line (the rest are for `serve`).
+_COMMON = ("store_dir", "model", "n_ctx", "chat_template")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> Any:
+    """The scalar type behind Optional[...]/Annotated[...]."""
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _base_type(get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return _base_type(args[0]) if len(args) == 1 else str
+    return annotation
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, names: typing.Iterable[str] | None = None) -> None:
+    fields: dict[str, FieldInfo] = Settings.model_fields
+    for name in names or fields:
+        info = fields[name]
+        base = _base_type(info.annotation)
+        help_text = f"{info.description} [env PFLASH_{name.upper()}]"
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if base is bool:
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if get_origin(base) is typing.Literal:
+            kwargs["choices"] = [str(c) for c in get_args(base)]
+        elif get_origin(base) is list:
+            kwargs["metavar"] = "A,B,..."
+        elif base in (int, float):
+            kwargs["type"] = base
+        parser.add_argument(_flag(name), **kwargs)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    return load_settings(overrides, args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pflash-gateway", description="Long-input gateway for coding agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI, Anthropic and Responses APIs",
+                           description="Serve the gateway. Precedence: flags > PFLASH_* environment > TOML file.")
+    serve.add_argument("--config", type=Path, default=None, help="TOML settings file [env PFLASH_CONFIG]")
+    add_settings_flags(serve)
+
+    sessions = sub.add_parser("sessions", help="inspect or clean the session store (server may be down)")
+    sessions.add_argument("action", choices=["ls", "rm", "gc"])
+    sessions.add_argument("session_ids", nargs="*", help="for rm: session ids (hash prefixes accepted)")
+    sessions.add_argument("--config", type=Path, default=None)
+    sessions.add_argument("--json", action="store_true", help="print JSON")
+    add_settings_flags(sessions, ["store_dir"])
+
+    compress = sub.add_parser("compress", help="run the serving compression pipeline on one message")
+    compress.add_argument("--input", type=Path, required=True, help="the long message (a tool output, a paste)")
+    compress.add_argument("--request-file", type=Path, default=None, help="the request it is ranked against")
+    compress.add_argument("--keep-ratio", type=float, default=None, help="keep this fraction instead of the curve")
+    compress.add_argument("--json", action="store_true", help="print a JSON report")
+    compress.add_argument("--config", type=Path, default=None)
+    add_settings_flags(compress, [*_COMMON, "threshold", "scorer", "budget_curve", "min_segment",
+                                  "max_segment", "request_tokens", "fallback_spread", "drafter"])
+
+    doctor = sub.add_parser("doctor", help="check the model files, the store directory and the config")
+    doctor.add_argument("--config", type=Path, default=None)
+    add_settings_flags(doctor, _COMMON)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "config", None) is None and (env_config := _env_config()):
+        args.config = env_config
+    try:
+        settings = settings_from(args)
+    except SettingsError as exc:
+        print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return 2
+    from gateway.logs import setup_logging
+
+    setup_logging(settings.log_format, settings.log_level)
+    if args.command == "serve":
+        return _serve(settings)
+    if args.command == "sessions":
+        from gateway.cli_sessions import run_sessions
+
+        return run_sessions(settings, args.action, args.session_ids, args.json)
+    if args.command == "compress":
+        from gateway.cli_compress import run_compress
+
+        return run_compress(settings, args.input, args.request_file, args.keep_ratio, args.json)
+    if args.command == "doctor":
+        from gateway.cli_doctor import run_doctor
+
+        return run_doctor(settings)
+    return 2
+
+
+def _env_config() -> Path | None:
+    import os
+
+    value = os.environ.get("PFLASH_CONFIG")
+    return Path(value) if value else None
+
+
+def _serve(settings: Settings) -> int:
+    from aiohttp import web
+
+    from engine.model_files import ModelFileError
+    from gateway.app import create_app
+    from gateway.engine_factory import build_engine
+
+    started = time.perf_counter()
+    app = create_app(settings, build_engine)
+    try:
+        web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30,
+                    access_log=None, handle_signals=True)
+    except ModelFileError as exc:
+        print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"pflash-gateway: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 2
+    log.info("stopped after %.0f s", time.perf_counter() - started)
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

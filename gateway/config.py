@@ -1,0 +1,189 @@
+"""Every setting in one pydantic model: TOML file < environment (PFLASH_*) < command-line flags.
+
+The command line is generated from the same fields (see gateway/cli.py), so no option is defined
+twice and each field's description is its --help text.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from policies.budget import parse_curve
+
+_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
+
+KvType = Literal["f16", "q8_0", "q4_0"]
+
+
+def default_store_dir() -> Path:
+    # systemd's StateDirectory= hands us the exact directory; otherwise follow XDG.
+    if state_dir := os.environ.get("STATE_DIRECTORY"):
+        return Path(state_dir.split(":")[0])
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "pflash-gateway"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PFLASH_", extra="forbid", validate_default=True)
+
+    # --- network -------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8090, ge=1, le=65535, description="TCP port to listen on.")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Accepted API keys, comma-separated (empty: no auth, loopback only)."
+    )
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="API keys with the admin role (session admin endpoints), comma-separated."
+    )
+    allow_remote_without_keys: bool = Field(
+        False, description="Allow binding to a non-loopback address without API keys (unsafe)."
+    )
+
+    # --- engine --------------------------------------------------------------------------------
+    engine: Literal["llama", "upstream"] = Field("llama", description="Engine: in-process llama.cpp or an upstream server.")
+    model: str | None = Field(None, description="GGUF model path (default: the embedded Gemma 3 270M).")
+    model_name: str = Field("pflash-local", description="Model id reported by /v1/models.")
+    drafter: str | None = Field(None, description="Drafter GGUF path (default: the target model file).")
+    chat_template: Literal["gemma", "chatml", "llama3", "mistral"] | None = Field(
+        None, description="Force a built-in chat template instead of the GGUF's own."
+    )
+    n_ctx: int = Field(32768, ge=256, description="Context size in tokens.")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads (default: all cores).")
+    n_batch: int = Field(512, ge=8, description="Logical batch size for prefill.")
+    n_ubatch: int = Field(512, ge=8, description="Physical micro-batch size for prefill.")
+    n_gpu_layers: int = Field(-1, ge=-1, description="Layers offloaded to a GPU (-1 = all; ignored by CPU builds).")
+    main_gpu: int = Field(0, ge=0, description="GPU index for the model.")
+    flash_attn: bool = Field(False, description="Use flash attention (required for a quantized V cache).")
+    swa_full: bool = Field(False, description="Full-size sliding-window cache (slower prefill, larger state).")
+    cache_type_k: KvType = Field("f16", description="KV cache type for keys.")
+    cache_type_v: KvType = Field("f16", description="KV cache type for values.")
+    seed: int = Field(0, description="Sampling seed used when the request gives none.")
+    default_max_tokens: int = Field(1024, ge=1, description="Completion limit when a request gives none.")
+
+    # --- upstream engine -----------------------------------------------------------------------
+    upstream_url: str | None = Field(None, description="Base URL of an OpenAI-compatible server (engine=upstream).")
+    upstream_api_key: str | None = Field(None, description="API key sent to the upstream server.")
+    upstream_model: str | None = Field(None, description="Model name sent to the upstream server.")
+    upstream_timeout: float = Field(600.0, gt=0, description="Upstream request timeout in seconds.")
+    upstream_retries: int = Field(2, ge=0, description="Retries on upstream connect errors.")
+
+    # --- sessions ------------------------------------------------------------------------------
+    store_dir: Path = Field(default_factory=default_store_dir, description="Session store directory.")
+    ram_budget_mb: int = Field(2048, ge=0, description="Host-RAM tier budget for session KV states, MiB.")
+    disk_budget_mb: int = Field(20480, ge=0, description="Disk budget for the session store, MiB.")
+    zstd_level: int = Field(1, ge=1, le=19, description="zstd level for stored KV states.")
+
+    # --- compression and recall ----------------------------------------------------------------
+    threshold: int = Field(16384, ge=1, description="Tokens in one new message before it is compressed.")
+    budget_curve: str = Field(
+        "16384:0.315 32768:0.270 65536:0.270 120000:0.225",
+        description="Kept fraction by message tokens, piecewise linear: 'TOKENS:FRACTION ...'.",
+    )
+    min_segment: int = Field(32, ge=1, description="Units smaller than this (tokens) merge forward.")
+    max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
+    request_tokens: int = Field(128, ge=8, description="Request tokens the scorer ranks against.")
+    fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
+    scorer: Literal["bm25", "drafter", "fusion"] = Field("bm25", description="Relevance scorer for compression.")
+    recall_theta: float = Field(0.075, ge=0, le=1, description="Omitted relevance share that triggers recall.")
+    recall_budget: int = Field(2048, ge=0, description="Tokens of recalled excerpts per follow-up.")
+
+    # --- limits --------------------------------------------------------------------------------
+    queue_size: int = Field(16, ge=1, description="Requests waiting for the engine before 503.")
+    per_key_concurrency: int = Field(8, ge=1, description="Concurrent requests per API key before 429.")
+    max_body_mb: float = Field(32.0, gt=0, description="Largest request body, MiB (413 above).")
+    max_messages: int = Field(4096, ge=1, description="Most messages in one request.")
+    keepalive_seconds: float = Field(5.0, gt=0, description="Seconds between SSE keep-alives during prefill.")
+
+    # --- logging -------------------------------------------------------------------------------
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("budget_curve")
+    @classmethod
+    def _valid_curve(cls, value: str) -> str:
+        parse_curve(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.min_segment >= self.max_segment:
+            raise ValueError("min_segment must be smaller than max_segment")
+        if self.cache_type_v != "f16" and not self.flash_attn:
+            raise ValueError("a quantized V cache (cache_type_v) needs flash_attn = true")
+        if self.engine == "upstream" and not self.upstream_url:
+            raise ValueError("engine = 'upstream' needs upstream_url")
+        if not self.api_keys and not self.allow_remote_without_keys and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} without api_keys; "
+                "set api_keys or allow_remote_without_keys = true"
+            )
+        return self
+
+    @property
+    def all_keys(self) -> list[str]:
+        return list(dict.fromkeys([*self.api_keys, *self.admin_keys]))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_path = _toml_file.get()
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SettingsError(Exception):
+    """A setting is invalid; the message is one line fit for the terminal."""
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build Settings from defaults < TOML file < environment < overrides (the command line)."""
+    if config_file is not None and not config_file.is_file():
+        raise SettingsError(f"config file not found: {config_file}")
+    token = _toml_file.set(config_file)
+    try:
+        return Settings(**(overrides or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
+        raise SettingsError(f"invalid setting {where}: {first['msg']}") from None
+    except Exception as exc:  # a malformed TOML file, for instance
+        raise SettingsError(f"invalid configuration: {exc}") from None
+    finally:
+        _toml_file.reset(token)

@@ -1,0 +1,30 @@
+"""Typed application state shared by the handlers (aiohttp AppKey)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from engine.base import Engine
+from gateway.config import Settings
+from gateway.limits import ConcurrencyLimiter
+from gateway.turns import TurnService
+from sessions.registry import SessionRegistry
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    registry: SessionRegistry
+    turns: TurnService
+    limiter: ConcurrencyLimiter
+    ready: bool = False
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+APP_STATE: web.AppKey[AppState] = web.AppKey("pflash_state", AppState)
+# Per-request: the tenant (hash of the caller's API key, "" without auth) and whether it is admin.
+TENANT = "pflash_tenant"
+IS_ADMIN = "pflash_is_admin"

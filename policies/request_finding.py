@@ -1,0 +1,259 @@
+"""What the units of a long message are ranked against: the request that made it matter.
+
+For a tool output that is the call which produced it (name + arguments), the assistant's words
+around that call, the latest user text and, if short, the system prompt. For a long user paste it
+is the question the user wrote around the pasted block; those lines are pinned so the question is
+never cut away. The scored text is trimmed to a token budget, most specific parts first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from policies.conversation import Message, ToolCall
+from policies.rendering import bare, split_lines
+
+DEFAULT_SCORED_TOKENS = 128
+DEFAULT_PINNED_TOKENS = 512
+
+# A question block is a few lines of the user's own prose; more than this is part of the paste.
+MAX_QUESTION_LINES = 8
+# How far into the head or tail of a paste a lone question line is looked for.
+QUESTION_SEARCH_LINES = 20
+
+CountTokens = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class RequestText:
+    scored: str
+    # 0-based inclusive line span of the target message to keep whatever the scores say.
+    pinned_lines: tuple[int, int] | None
+
+
+def _trim(text: str, limit: int, count_tokens: CountTokens, keep: Literal["head", "tail"]) -> str:
+    """The longest head (or tail) of `text` within `limit` tokens: whole words, else characters."""
+    text = text.strip()
+    if limit <= 0 or not text:
+        return ""
+    if count_tokens(text) <= limit:
+        return text
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+
+    def by_words(k: int) -> str:
+        if k == 0:
+            return ""
+        return text[: spans[k - 1][1]] if keep == "head" else text[spans[-k][0] :]
+
+    def by_chars(k: int) -> str:
+        return text[:k] if keep == "head" else text[len(text) - k :]
+
+    for piece, hi in ((by_words, len(spans) - 1), (by_chars, len(text) - 1)):
+        lo = 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count_tokens(piece(mid)) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo > 0:
+            return piece(lo).strip()
+    return ""
+
+
+def _assemble(
+    parts: Sequence[tuple[int, str, Literal["head", "tail", "whole"]]],
+    order: Sequence[int],
+    max_tokens: int,
+    count_tokens: CountTokens,
+) -> str:
+    """Trim parts in priority order into the budget; join the survivors in `order`."""
+    remaining = max_tokens
+    chosen: dict[int, str] = {}
+    for k, (_, text, keep) in enumerate(parts):
+        text = text.strip()
+        if not text or remaining <= 0:
+            continue
+        separator = 1 if chosen else 0  # the "\n" joining parts may cost a token
+        limit = remaining - separator
+        if keep == "whole":
+            piece = text if count_tokens(text) <= limit else ""
+        else:
+            piece = _trim(text, limit, count_tokens, keep)
+        if piece:
+            chosen[k] = piece
+            remaining -= count_tokens(piece) + separator
+    joined = "\n".join(chosen[k] for k in sorted(chosen, key=lambda k: order[k]))
+    if count_tokens(joined) > max_tokens:
+        joined = _trim(joined, max_tokens, count_tokens, "tail")
+    return joined
+
+
+def _producing_call(
+    messages: Sequence[Message], target_index: int, call_id: str | None, name: str | None
+) -> tuple[int, ToolCall] | None:
+    """The assistant message index and call that this tool output answers."""
+    if call_id:
+        for i in range(target_index - 1, -1, -1):
+            for call in messages[i].tool_calls:
+                if call.id == call_id:
+                    return i, call
+    # Without an id, trust the nearest earlier call of the same name (or any, without a name).
+    for i in range(target_index - 1, -1, -1):
+        for call in reversed(messages[i].tool_calls):
+            if name is None or call.name == name:
+                return i, call
+    return None
+
+
+def _latest(messages: Sequence[Message], before: int, role: str) -> tuple[int, str] | None:
+    for i in range(before - 1, -1, -1):
+        if messages[i].role == role and messages[i].content.strip():
+            return i, messages[i].content
+    return None
+
+
+def _tool_request(
+    messages: Sequence[Message], target_index: int, count_tokens: CountTokens, max_tokens: int
+) -> RequestText:
+    target = messages[target_index]
+    # (position in the conversation, text, how to trim), listed by priority.
+    parts: list[tuple[int, str, Literal["head", "tail", "whole"]]] = []
+    found = _producing_call(messages, target_index, target.tool_call_id, target.name)
+    if found is not None:
+        i, call = found
+        parts.append((2 * i + 1, f"{call.name} {call.arguments}", "head"))
+    user = _latest(messages, target_index, "user")
+    if user is not None:
+        parts.append((2 * user[0], user[1], "tail"))
+    if found is not None and messages[found[0]].content.strip():
+        parts.append((2 * found[0], messages[found[0]].content, "tail"))
+    system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
+    if system is not None:
+        parts.append((2 * system, messages[system].content, "whole"))
+    scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
+    return RequestText(scored=scored, pinned_lines=None)
+
+
+# --- long user pastes -----------------------------------------------------------------------------
+
+_CUE = re.compile(
+    r"^(?:why|what|how|where|when|which|who|can|could|would|please|fix|explain|find|summari[sz]e|"
+    r"tell|show|help|is|are|does|do|did|should|list|debug|identify|review|look|check)\b",
+    re.I,
+)
+_PASTE_PREFIX = re.compile(
+    r"^(?:\s|\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}:\d{2}|\[|\{|[\w./-]+:\d+[:-]|(?:TRACE|DEBUG|INFO|WARN|ERROR|FATAL)\b)"
+)
+_FENCE = re.compile(r"^\s*(?:```|~~~)")
+
+
+def _is_prose(text: str) -> bool:
+    """A line the user plausibly typed: unindented words, not a log/grep/code shape."""
+    s = text.strip()
+    if not s or _PASTE_PREFIX.match(text) or _FENCE.match(text):
+        return False
+    if s[-1] in "{};(,=" or len(s.split()) < 2:
+        return False
+    visible = [c for c in s if not c.isspace()]
+    letters = sum(1 for c in visible if c.isalpha())
+    return letters >= 0.6 * len(visible)
+
+
+def _is_question(text: str) -> bool:
+    s = text.strip()
+    return _is_prose(text) and (s.endswith("?") or bool(_CUE.match(s)))
+
+
+def _edge_block(texts: Sequence[str], from_end: bool) -> tuple[int, int] | None:
+    """The run of prose lines at the start (or end) of a paste, if it reads as the user's ask."""
+    n = len(texts)
+    idx = list(range(n - 1, -1, -1)) if from_end else list(range(n))
+    k = 0
+    while k < n and not texts[idx[k]].strip():
+        k += 1
+    run: list[int] = []
+    while k < n and _is_prose(texts[idx[k]]) and len(run) <= MAX_QUESTION_LINES:
+        run.append(idx[k])
+        k += 1
+    if not run or len(run) > MAX_QUESTION_LINES:
+        return None
+    rest = [i for i in idx[k:] if texts[i].strip()]
+    if not rest:
+        return None  # the whole message is prose: no separate paste to tell apart
+    asks = any(_is_question(texts[i]) for i in run)
+    # Without a question, accept it only when clearly set apart from a non-prose paste.
+    if not asks and _is_prose(texts[rest[0]]):
+        return None
+    return (min(run), max(run))
+
+
+def _user_request(
+    messages: Sequence[Message],
+    target_index: int,
+    count_tokens: CountTokens,
+    max_tokens: int,
+    max_pinned_tokens: int,
+) -> RequestText:
+    lines = split_lines(messages[target_index].content)
+    texts = [bare(line) for line in lines]
+
+    def text_of(span: tuple[int, int]) -> str:
+        return "".join(lines[span[0] : span[1] + 1])
+
+    def fits(span: tuple[int, int]) -> bool:
+        return count_tokens(text_of(span)) <= max_pinned_tokens
+
+    head = _edge_block(texts, from_end=False)
+    tail = _edge_block(texts, from_end=True)
+    blocks = [b for b in (head, tail) if b is not None and fits(b)]
+    if blocks:
+        asking = [b for b in blocks if any(_is_question(texts[i]) for i in range(b[0], b[1] + 1))]
+        # One pinned span: the block that asks, the later one when both (or neither) do.
+        pinned = (asking or blocks)[-1]
+        parts: list[tuple[int, str, Literal["head", "tail", "whole"]]] = [(pinned[0], text_of(pinned), "tail")]
+        parts += [(b[0], text_of(b), "tail") for b in blocks if b != pinned]
+        scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
+        return RequestText(scored=scored, pinned_lines=pinned)
+    # A lone question line near either end (the paste may wrap around it).
+    nonblank = [i for i, t in enumerate(texts) if t.strip()]
+    near = nonblank[-QUESTION_SEARCH_LINES:][::-1] + nonblank[:QUESTION_SEARCH_LINES]
+    for i in near:
+        if texts[i].strip().endswith("?") and _is_prose(texts[i]) and fits((i, i)):
+            return RequestText(scored=_trim(texts[i], max_tokens, count_tokens, "tail"), pinned_lines=(i, i))
+    # No ask inside the paste: rank against what came before it, else the paste's own opening.
+    parts = []
+    user = _latest(messages, target_index, "user")
+    if user is not None:
+        parts.append((2 * user[0], user[1], "tail"))
+    assistant = _latest(messages, target_index, "assistant")
+    if assistant is not None:
+        parts.append((2 * assistant[0], assistant[1], "tail"))
+    if not parts:
+        parts.append((0, messages[target_index].content, "head"))
+    scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
+    return RequestText(scored=scored, pinned_lines=None)
+
+
+def find_request(
+    messages: Sequence[Message],
+    target_index: int,
+    count_tokens: CountTokens,
+    max_scored_tokens: int = DEFAULT_SCORED_TOKENS,
+    max_pinned_tokens: int = DEFAULT_PINNED_TOKENS,
+) -> RequestText:
+    """The request text to rank the target message's units against (see module doc).
+
+    `pinned_lines` (user pastes only) indexes `split_lines(target.content)`.
+    """
+    if not 0 <= target_index < len(messages):
+        raise ValueError(f"target_index {target_index} outside 0..{len(messages) - 1}")
+    role = messages[target_index].role
+    if role == "tool":
+        return _tool_request(messages, target_index, count_tokens, max_scored_tokens)
+    if role == "user":
+        return _user_request(messages, target_index, count_tokens, max_scored_tokens, max_pinned_tokens)
+    raise ValueError(f"target must be a tool or user message, not {role!r}")

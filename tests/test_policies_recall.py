@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.recall import RecallDecision, decide_recall, omitted_flags, render_excerpts
+from policies.rendering import split_lines
+from policies.segmentation import Unit
+
+
+def test_recall_when_omitted_share_reaches_theta() -> None:
+    scores = [5.0, 0.5, 3.0, 1.5]
+    tokens = [100, 50, 60, 10]
+    omitted = [False, True, True, True]
+    d = decide_recall(scores, tokens, omitted, frozenset(), theta=0.075, budget_tokens=65)
+    assert d.recall and d.reason == "recall"
+    assert d.omitted_share == pytest.approx(5.0 / 10.0)
+    # Densities: unit 3 (0.15) > unit 2 (0.05) > unit 1 (0.01); 10 + 60 > 65, so 3 then 1.
+    assert d.units == (1, 3)
+
+
+def test_below_theta_and_edge_thetas() -> None:
+    scores = [9.5, 0.5]
+    tokens = [10, 10]
+    omitted = [False, True]
+    assert decide_recall(scores, tokens, omitted, frozenset(), theta=0.075) == RecallDecision(
+        False, pytest.approx(0.05), (), "below_theta"  # type: ignore[arg-type]
+    )
+    assert decide_recall(scores, tokens, omitted, frozenset(), theta=0.0).units == (1,)
+    # θ = 1.0: only when the kept units hold no relevance at all.
+    assert not decide_recall(scores, tokens, omitted, frozenset(), theta=1.0).recall
+    assert decide_recall([0.0, 0.5], tokens, omitted, frozenset(), theta=1.0).recall
+    # θ = 0.0 recalls even with no relevance anywhere, earliest units first.
+    d = decide_recall([0.0, 0.0, 0.0], [10, 10, 10], [True, True, True], frozenset(), theta=0.0, budget_tokens=20)
+    assert d.recall and d.units == (0, 1)
+    with pytest.raises(ValueError):
+        decide_recall(scores, tokens, omitted, frozenset(), theta=1.5)
+
+
+def test_no_recall_cases() -> None:
+    assert decide_recall([1.0], [5], [False], frozenset()).reason == "nothing_omitted"
+    assert decide_recall([1.0, 1.0], [5, 5], [False, True], frozenset({1})).reason == "all_recalled"
+    assert decide_recall([1.0, 1.0], [5, 500], [False, True], frozenset(), budget_tokens=100).reason == "over_budget"
+    assert decide_recall([math.nan, 1.0], [5, 5], [False, True], frozenset()).reason.startswith("scorer_failed")
+    assert decide_recall([1.0], [5, 5], [False, True], frozenset()).reason.startswith("scorer_failed")
+
+
+def test_zero_score_units_are_not_recalled_when_relevant_ones_exist() -> None:
+    d = decide_recall([1.0, 2.0, 0.0], [10, 10, 10], [False, True, True], frozenset(), budget_tokens=100)
+    assert d.units == (1,)
+
+
+def test_omitted_flags() -> None:
+    units = [Unit(0, 3, 1, "code"), Unit(4, 6, 1, "code"), Unit(7, 9, 1, "code")]
+    assert omitted_flags(units, [(0, 3), (9, 9)]) == [False, True, False]
+    assert omitted_flags(units, []) == [True, True, True]
+
+
+def test_render_excerpts() -> None:
+    lines = split_lines("".join(f"l{i}\n" for i in range(1, 201)) + "last")
+    out = render_excerpts(lines, [(119, 130), (199, 199), (200, 200)], "the grep output")
+    expected = (
+        "[pflash: recalled lines 120–131 of the grep output]\n"
+        + "".join(f"l{i}\n" for i in range(120, 132))
+        + "[pflash: recalled line 200 of the grep output]\nl200\n"
+        + "[pflash: recalled line 201 of the grep output]\nlast\n"
+    )
+    assert out == expected
+    with pytest.raises(ValueError):
+        render_excerpts(lines, [(0, 201)], "x")
+
+
+@st.composite
+def recall_cases(draw: st.DrawFn) -> tuple[list[float], list[int], list[bool], frozenset[int], float, int]:
+    n = draw(st.integers(1, 30))
+    scores = draw(st.lists(st.floats(-2, 20, allow_nan=False), min_size=n, max_size=n))
+    tokens = draw(st.lists(st.integers(0, 400), min_size=n, max_size=n))
+    omitted = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    recalled = draw(st.frozensets(st.integers(0, n - 1)))
+    theta = draw(st.sampled_from([0.0, 0.075, 0.5, 1.0]))
+    budget = draw(st.integers(0, 2048))
+    return scores, tokens, omitted, recalled, theta, budget
+
+
+@settings(max_examples=300)
+@given(recall_cases())
+def test_recall_gate_invariants(case: tuple[list[float], list[int], list[bool], frozenset[int], float, int]) -> None:
+    scores, tokens, omitted, recalled, theta, budget = case
+    d = decide_recall(scores, tokens, omitted, recalled, theta, budget)
+    assert d == decide_recall(list(scores), list(tokens), list(omitted), recalled, theta, budget)
+    assert 0.0 <= d.omitted_share <= 1.0 + 1e-12
+    assert list(d.units) == sorted(set(d.units))
+    assert all(omitted[i] and i not in recalled for i in d.units)
+    assert sum(tokens[i] for i in d.units) <= budget
+    assert d.recall == bool(d.units)
+    if d.recall:
+        assert d.omitted_share >= theta
+    mass = [max(s, 0.0) for s in scores]
+    if sum(mass) > 0 and any(omitted):
+        share = sum(m for m, o in zip(mass, omitted) if o) / sum(mass)
+        assert d.omitted_share == pytest.approx(share)
+        if share < theta:
+            assert not d.recall
+
+
+@settings(max_examples=100)
+@given(st.integers(2, 25), st.integers(0, 2**32 - 1), st.integers(50, 500))
+def test_recall_over_turns_never_repeats_a_unit(n: int, seed: int, budget: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    tokens = [rng.randint(1, 200) for _ in range(n)]
+    omitted = [rng.random() < 0.7 for _ in range(n)]
+    recalled: frozenset[int] = frozenset()
+    seen: list[int] = []
+    for _turn in range(8):
+        scores = [rng.random() * 10 for _ in range(n)]
+        d = decide_recall(scores, tokens, omitted, recalled, theta=0.0, budget_tokens=budget)
+        assert not set(d.units) & recalled
+        seen.extend(d.units)
+        recalled = recalled | set(d.units)
+    assert len(seen) == len(set(seen))
+    assert recalled <= {i for i in range(n) if omitted[i]}

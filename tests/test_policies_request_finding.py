@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.conversation import Message, ToolCall
+from policies.rendering import split_lines
+from policies.request_finding import find_request
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+SYSTEM = Message("system", "You are a careful coding agent.")
+
+
+def conversation(big: str = "x\n" * 100) -> list[Message]:
+    return [
+        SYSTEM,
+        Message("user", "Why does the session restore fail after a restart?"),
+        Message(
+            "assistant",
+            "Let me read the store and grep for the loader.",
+            tool_calls=(
+                ToolCall("call_a", "read_file", '{"path": "sessions/store.py"}'),
+                ToolCall("call_b", "grep", '{"pattern": "load_state"}'),
+            ),
+        ),
+        Message("tool", "short result", tool_call_id="call_a", name="read_file"),
+        Message("tool", big, tool_call_id="call_b", name="grep"),
+    ]
+
+
+def test_tool_request_uses_the_matching_call_user_text_assistant_and_system() -> None:
+    msgs = conversation()
+    r = find_request(msgs, 4, words)
+    assert r.pinned_lines is None
+    assert 'grep {"pattern": "load_state"}' in r.scored
+    assert "read_file" not in r.scored  # the other call is not the one that produced it
+    assert "session restore fail" in r.scored
+    assert "grep for the loader" in r.scored
+    assert "careful coding agent" in r.scored
+    # Chronological order: system, user, assistant words, then the call.
+    order = [r.scored.index(s) for s in ("careful", "restore", "grep for", '{"pattern"')]
+    assert order == sorted(order)
+
+
+def test_tool_request_trims_low_priority_parts_first() -> None:
+    msgs = conversation()
+    r = find_request(msgs, 4, words, max_scored_tokens=12)
+    assert words(r.scored) <= 12
+    assert 'grep {"pattern": "load_state"}' in r.scored  # the call survives
+    assert "restart?" in r.scored  # the latest user text keeps its end
+    assert "careful" not in r.scored  # the system prompt goes first
+    r = find_request(msgs, 4, words, max_scored_tokens=3)
+    assert r.scored == 'grep {"pattern": "load_state"}'
+
+
+def test_tool_without_id_matches_by_name() -> None:
+    msgs = conversation()
+    msgs[4] = Message("tool", "big", tool_call_id=None, name="read_file")
+    assert "sessions/store.py" in find_request(msgs, 4, words).scored
+
+
+def test_long_system_prompt_is_left_out() -> None:
+    msgs = conversation()
+    msgs[0] = Message("system", "rule " * 500)
+    assert "rule" not in find_request(msgs, 4, words, max_scored_tokens=128).scored
+
+
+LOG = "".join(f"2024-05-01 12:00:{i % 60:02d} INFO worker {i}: processed batch\n" for i in range(200))
+
+
+def test_user_paste_with_trailing_question_is_pinned() -> None:
+    content = LOG + "\nWhy does worker 17 never finish its batch?\n"
+    msgs = [SYSTEM, Message("user", content)]
+    r = find_request(msgs, 1, words)
+    lines = split_lines(content)
+    assert r.pinned_lines == (len(lines) - 1, len(lines) - 1)
+    assert r.scored == "Why does worker 17 never finish its batch?"
+
+
+def test_user_paste_with_leading_ask_is_pinned() -> None:
+    content = "Here is the output of the failing job.\nPlease explain the failures:\n```\n" + LOG + "```\n"
+    r = find_request([Message("user", content)], 0, words)
+    assert r.pinned_lines == (0, 1)
+    assert "Please explain the failures" in r.scored
+
+
+def test_user_paste_question_both_ends_pins_the_one_that_asks() -> None:
+    content = "Some context for you:\n" + LOG + "What went wrong at the end?\n"
+    r = find_request([Message("user", content)], 0, words)
+    n = len(split_lines(content))
+    assert r.pinned_lines == (n - 1, n - 1)
+    assert "What went wrong" in r.scored and "Some context" in r.scored
+
+
+def test_user_paste_without_question_ranks_against_earlier_context() -> None:
+    msgs = [
+        Message("user", "I will paste the crash log next, look for the OOM."),
+        Message("assistant", "Sure, paste it."),
+        Message("user", LOG),
+    ]
+    r = find_request(msgs, 2, words)
+    assert r.pinned_lines is None
+    assert "OOM" in r.scored
+    alone = find_request([Message("user", LOG)], 0, words)
+    assert alone.pinned_lines is None and alone.scored.startswith("2024-05-01")
+
+
+def test_prose_paste_is_not_mistaken_for_a_question_block() -> None:
+    essay = "".join(f"This is sentence number {i} of a long essay about caching.\n\n" for i in range(100))
+    r = find_request([Message("user", essay)], 0, words)
+    assert r.pinned_lines is None
+
+
+def test_bad_targets() -> None:
+    msgs = conversation()
+    with pytest.raises(ValueError):
+        find_request(msgs, 9, words)
+    with pytest.raises(ValueError):
+        find_request(msgs, 2, words)  # an assistant message
+
+
+@settings(max_examples=200)
+@given(
+    st.text(alphabet=st.sampled_from("ab ?\n:{}"), max_size=200),
+    st.text(alphabet=st.sampled_from("cd ?\n"), max_size=80),
+    st.integers(1, 40),
+)
+def test_scored_text_fits_and_pin_is_in_bounds(paste: str, ask: str, limit: int) -> None:
+    msgs = [Message("user", ask), Message("assistant", "ok", (ToolCall("i", "t", "{}"),)), Message("user", paste)]
+    r = find_request(msgs, 2, words, max_scored_tokens=limit)
+    assert words(r.scored) <= limit
+    if r.pinned_lines is not None:
+        a, b = r.pinned_lines
+        assert 0 <= a <= b < len(split_lines(paste))
+    t = find_request(msgs + [Message("tool", paste, tool_call_id="i")], 3, words, max_scored_tokens=limit)
+    assert words(t.scored) <= limit and t.pinned_lines is None
+    assert find_request(msgs, 2, words, max_scored_tokens=limit) == r

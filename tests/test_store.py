@@ -1,0 +1,192 @@
+"""The on-disk session store: round trips, validation, budgets, crashes mid-write."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.base import SavedState
+from policies.kept_lines import KeptLineMap
+from sessions.identity import session_hash
+from sessions.record import RecallEntry, SessionRecord
+from sessions.registry import SessionRegistry
+from sessions.store import KV, META, SessionStore, join_planes, split_planes
+
+FP = "model-sha|4096|f16|f16|swa_full=False|template"
+
+
+def make_record(name: str = "s1", tenant: str = "t") -> SessionRecord:
+    record = SessionRecord(session_id=session_hash(tenant, name), tenant=tenant, key_source="x-session-id")
+    record.served_hashes = ["a" * 64, "b" * 64]
+    record.kept_maps["c" * 64] = KeptLineMap("c" * 64, ((0, 3), (9, 12)), 500, 120, "d" * 64)
+    record.map_labels["c" * 64] = "the output of read_file(call_1)"
+    record.recall_log.append(RecallEntry("e" * 64, "[pflash: recalled]\nhi", (("c" * 64, 5, 6),)))
+    return record
+
+
+def make_state(n: int = 300, size: int = 50_000) -> SavedState:
+    blob = bytes((i * 7 + (i >> 3)) % 256 for i in range(size))
+    return SavedState(tuple(range(n)), blob)
+
+
+@given(st.binary(max_size=4096))
+@settings(max_examples=200)
+def test_byte_planes_round_trip(blob: bytes) -> None:
+    assert join_planes(split_planes(blob), len(blob)) == blob
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    record, state = make_record(), make_state()
+    store.save(record, state)
+    loaded = SessionStore(tmp_path, FP)  # as after a restart: index first, load lazily
+    assert record.session_id in loaded.index()
+    assert loaded.load_record(record.session_id).to_dict() == record.to_dict()  # type: ignore[union-attr]
+    assert loaded.load_state(record.session_id) == state
+
+
+def test_metadata_only_save_keeps_kv(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    record, state = make_record(), make_state()
+    store.save(record, state)
+    record.count("turns")
+    store.save(record, None)
+    assert store.load_state(record.session_id) == state
+    assert store.load_record(record.session_id).counters == {"turns": 1}  # type: ignore[union-attr]
+
+
+def _corrupt_truncate(path: Path) -> None:
+    data = (path / KV).read_bytes()
+    (path / KV).write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_flip(path: Path) -> None:
+    data = bytearray((path / KV).read_bytes())
+    data[len(data) // 3] ^= 0x40
+    (path / KV).write_bytes(bytes(data))
+
+
+def _corrupt_version(path: Path) -> None:
+    meta = msgpack.unpackb((path / META).read_bytes(), raw=False)
+    meta["format"] = 0
+    (path / META).write_bytes(msgpack.packb(meta))
+
+
+def _corrupt_fingerprint(path: Path) -> None:
+    meta = msgpack.unpackb((path / META).read_bytes(), raw=False)
+    meta["fingerprint"] = "another-model|4096|f16|f16|swa_full=False|template"
+    (path / META).write_bytes(msgpack.packb(meta))
+
+
+def _corrupt_meta_garbage(path: Path) -> None:
+    (path / META).write_bytes(b"\xc1\xc1 not msgpack")
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip])
+def test_bad_kv_is_discarded_record_kept(tmp_path: Path, corrupt, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    store = SessionStore(tmp_path, FP)
+    record = make_record()
+    store.save(record, make_state())
+    corrupt(store.dir / record.session_id)
+    assert store.load_state(record.session_id) is None
+    assert "discarded" in caplog.text
+    assert store.load_record(record.session_id) is not None  # the kept-line maps survive
+    assert store.counters["failures"] == 1
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_version, _corrupt_fingerprint, _corrupt_meta_garbage])
+def test_bad_metadata_discards_session(tmp_path: Path, corrupt, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    store = SessionStore(tmp_path, FP)
+    record = make_record()
+    store.save(record, make_state())
+    corrupt(store.dir / record.session_id)
+    assert record.session_id not in store.index()
+    assert store.load_record(record.session_id) is None
+    assert store.load_state(record.session_id) is None
+    assert "discarded" in caplog.text
+
+
+def _slow_writer(root: str) -> None:
+    store = SessionStore(Path(root), FP)
+    record = make_record("victim")
+    while True:  # rewrite forever; the parent kills us at a random point
+        store.save(record, make_state(size=3_000_000))
+
+
+def test_kill_9_during_writes_never_loads_a_corrupt_session(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    victim = make_record("victim")
+    for delay in (0.05, 0.13, 0.31, 0.5):
+        proc = multiprocessing.get_context("spawn").Process(target=_slow_writer, args=(str(tmp_path),))
+        proc.start()
+        time.sleep(0.8 + delay)  # spawn start-up, then a few writes
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        state = store.load_state(victim.session_id)
+        # Either a complete, valid state or nothing at all: never a torn one.
+        assert state is None or state == make_state(size=3_000_000)
+        record = store.load_record(victim.session_id)
+        assert record is None or record.to_dict()["kept_maps"] == victim.to_dict()["kept_maps"]
+
+
+def test_disk_budget_evicts_least_recently_used(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP, budget_bytes=250_000)
+    records = [make_record(f"s{i}") for i in range(4)]
+    for i, record in enumerate(records):
+        record.last_used = 1000.0 + i
+        store.save(record, make_state(size=100_000))
+    kept = set(store.index())
+    assert records[-1].session_id in kept
+    assert records[0].session_id not in kept
+    assert sum(e.total_bytes for e in store.index().values()) <= 250_000
+
+
+def test_registry_ram_tier_spills_to_disk(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    registry = SessionRegistry(store, ram_budget_bytes=120_000)
+    a = registry.get_or_create(session_hash("t", "a"), "t", "x")
+    b = registry.get_or_create(session_hash("t", "b"), "t", "x")
+    registry.stash(a.session_id, make_state(size=100_000))
+    registry.stash(b.session_id, make_state(size=100_000))  # over budget: A spills to disk
+    assert {i.session_id: i.tier for i in registry.list("t")} == {a.session_id: "disk", b.session_id: "ram"}
+    assert registry.fetch(a.session_id) == (make_state(size=100_000), "disk")
+    assert registry.fetch(b.session_id) == (make_state(size=100_000), "ram")
+    assert registry.list("other-tenant") == []
+
+
+def test_registry_flush_then_new_registry_restores(tmp_path: Path) -> None:
+    registry = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=10**9)
+    record = registry.get_or_create(session_hash("t", "a"), "t", "x")
+    registry.stash(record.session_id, make_state())
+    registry.flush()
+    again = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=10**9)
+    assert again.find(record.session_id, "t") is not None
+    assert again.find(record.session_id, "someone-else") is None
+    assert again.fetch(record.session_id) == (make_state(), "disk")
+
+
+def test_store_write_failure_is_counted_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=0)
+    record = registry.get_or_create(session_hash("t", "a"), "t", "x")
+
+    def disk_full(*_args: object, **_kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sessions.store._write_atomic", disk_full)
+    registry.stash(record.session_id, make_state())  # spills immediately and fails
+    assert registry.counters["store_errors"] == 1
+    assert registry.fetch(record.session_id) is None
+
+
+def test_session_ids_must_be_hashes(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    with pytest.raises(ValueError):
+        store.delete("../../etc")
