@@ -59,10 +59,13 @@ class Turn:
     conversation: Conversation
     prompt: PreparedPrompt
     compression: CompressionReport | None = None
+    restored_from: str | None = None  # known once prefill is done (non-stream headers carry it)
     started: float = field(default_factory=time.perf_counter)
 
     def headers(self) -> dict[str, str]:
         out = {"X-PFlash-Session": self.identity.session_id[:16]}
+        if self.restored_from is not None:
+            out["X-PFlash-Restored-From"] = self.restored_from
         if self.compression is not None:
             c = self.compression
             out.update({
@@ -189,6 +192,7 @@ class TurnService:
             elif isinstance(event, ToolCallDelta):
                 calls.append(event.call)
             elif isinstance(event, PrefillDone):
+                turn.restored_from = event.restored_from
                 self._count("prefill_tokens_reused", event.cached_tokens)
                 self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
             elif isinstance(event, Finished):

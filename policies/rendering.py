@@ -86,7 +86,7 @@ def line_span_label(first: int, last: int) -> str:
     """0-based inclusive span as users read it: 1-based inclusive, "line 7" or "lines 7–9"."""
     if first == last:
         return f"line {first + 1}"
-    return f"lines {first + 1}–{last}"
+    return f"lines {first + 1}–{last + 1}"
 
 
 def note_line(shown_lines: int, total_lines: int, kept_tokens: int, total_tokens: int) -> str:

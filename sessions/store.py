@@ -223,7 +223,10 @@ class SessionStore:
                 kv_bytes=kv_file.stat().st_size if kv_file.exists() else 0,
                 kv_raw_bytes=int(kv.get("raw_bytes", 0)),
             )
-        except (StoreCorrupt, KeyError, TypeError, ValueError, OSError):
+        except (StoreCorrupt, KeyError, TypeError, ValueError, OSError) as exc:
+            if path.exists():
+                log.warning("session %s: stored session ignored (%s); it will be served by full prefill",
+                            session_id[:12], exc)
             return None
 
     def index(self) -> dict[str, StoreEntry]:

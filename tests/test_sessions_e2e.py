@@ -1,0 +1,114 @@
+"""Sessions through the real engine: RAM and disk tiers, restart, corrupt store entries."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from pathlib import Path
+
+import httpx
+import msgpack
+import pytest
+
+from sessions.store import KV, META
+from tests.conftest import Gateway
+
+pytestmark = pytest.mark.engine
+
+SYSTEM = "You are a careful assistant that reviews Python code and explains what it does. " * 12
+
+
+def chat(server: Gateway, session: str, messages: list[dict[str, str]], max_tokens: int = 12) -> httpx.Response:
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def first_turn() -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What does `def add(a, b): return a + b` do?"}]
+
+
+def follow_up(history: list[dict[str, str]], reply: httpx.Response, question: str) -> list[dict[str, str]]:
+    answer = reply.json()["choices"][0]["message"]["content"] or ""
+    return [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+
+
+def cached(reply: httpx.Response) -> int:
+    return int(reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def prompt_tokens(reply: httpx.Response) -> int:
+    return int(reply.json()["usage"]["prompt_tokens"])
+
+
+@pytest.mark.parametrize(("ram_mb", "tier"), [("2048", "ram"), ("0", "disk")])
+def test_switching_sessions_restores_kv(start_gateway, ram_mb: str, tier: str) -> None:  # type: ignore[no-untyped-def]
+    server = start_gateway("--ram-budget-mb", ram_mb)
+    a, b = "A-" + uuid.uuid4().hex, "B-" + uuid.uuid4().hex
+    history_a = first_turn()
+    reply_a = chat(server, a, history_a)
+    chat(server, b, [{"role": "user", "content": "Something else entirely: name a fruit."}])
+    history_a = follow_up(history_a, reply_a, "Is it pure?")
+    again = chat(server, a, history_a)
+    assert again.headers["X-PFlash-Restored-From"] == tier
+    assert cached(again) >= prompt_tokens(reply_a) - 1  # A's whole history came back
+    sessions = httpx.get(server.url + "/v1/sessions").json()["data"]
+    assert {s["tier"] for s in sessions} >= {"context"}
+    assert len(sessions) == 2
+
+
+def test_restart_resumes_without_prefill_and_answers_identically(start_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    session = "restart-" + uuid.uuid4().hex
+    history = first_turn()
+    server = start_gateway(store=tmp_path / "restarted")
+    reply = chat(server, session, history)
+    assert server.stop(signal.SIGTERM) == 0
+    assert "sessions flushed" in server.log()
+
+    stored = [p for p in (tmp_path / "restarted" / "sessions").glob("*/*") if p.is_dir()]
+    assert len(stored) == 1
+    meta = msgpack.unpackb((stored[0] / META).read_bytes(), raw=False)
+    assert meta["format"] == 1 and len(meta["kv"]["tokens"]) >= prompt_tokens(reply)
+    assert (stored[0] / KV).stat().st_size == meta["kv"]["zst_bytes"]
+
+    history2 = follow_up(history, reply, "Rewrite it with type hints.")
+    resumed_server = start_gateway(store=tmp_path / "restarted")
+    resumed = chat(resumed_server, session, history2, max_tokens=24)
+    assert resumed.headers["X-PFlash-Restored-From"] == "disk"
+    new_tokens = prompt_tokens(resumed) - cached(resumed)
+    assert new_tokens <= prompt_tokens(resumed) - prompt_tokens(reply)  # only the new turn (and less)
+
+    reference = start_gateway(store=tmp_path / "never-restarted")
+    chat(reference, session, history)
+    expected = chat(reference, session, history2, max_tokens=24)
+    assert resumed.json()["choices"][0]["message"]["content"] == expected.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("fault", ["flip", "truncate", "version", "fingerprint"])
+def test_corrupt_store_serves_by_full_prefill(start_gateway, tmp_path: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
+    session = "fault-" + uuid.uuid4().hex
+    store = tmp_path / fault
+    server = start_gateway(store=store)
+    history = first_turn()
+    reply = chat(server, session, history)
+    server.stop()
+    path = next(p for p in (store / "sessions").glob("*/*") if p.is_dir())
+    if fault == "flip":
+        data = bytearray((path / KV).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (path / KV).write_bytes(bytes(data))
+    elif fault == "truncate":
+        (path / KV).write_bytes((path / KV).read_bytes()[:1000])
+    else:
+        meta = msgpack.unpackb((path / META).read_bytes(), raw=False)
+        meta["format" if fault == "version" else "fingerprint"] = 999 if fault == "version" else "other-model"
+        (path / META).write_bytes(msgpack.packb(meta))
+
+    restarted = start_gateway(store=store)
+    history2 = follow_up(history, reply, "Explain again.")
+    again = chat(restarted, session, history2)
+    assert cached(again) == 0  # nothing stale reused: a full prefill
+    assert again.headers["X-PFlash-Restored-From"] == "none"
+    assert "stored session" in restarted.log() or "stored KV discarded" in restarted.log()
+    assert httpx.get(restarted.url + "/health").status_code == 200
