@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import os
 import signal
 import time
@@ -33,7 +34,7 @@ def make_record(name: str = "s1", tenant: str = "t") -> SessionRecord:
 
 
 def make_state(n: int = 300, size: int = 50_000) -> SavedState:
-    blob = bytes((i * 7 + (i >> 3)) % 256 for i in range(size))
+    blob = random.Random(size).randbytes(size)  # incompressible, so byte budgets bite
     return SavedState(tuple(range(n)), blob)
 
 
