@@ -33,6 +33,7 @@ from policies.conversation import (
     ToolCallDelta,
     ToolSpec,
 )
+from policies.volatile import strip_volatile_system
 
 # Anthropic writes parameter paths with dots: "messages.0.content".
 _validate = partial(validate, dotted=True)
@@ -231,7 +232,8 @@ def _parse_tool_choice(choice: AnthropicToolChoice | None, tools: tuple[ToolSpec
 def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str]) -> Conversation:
     messages: list[Message] = []
     if req.system is not None:
-        system = _text_blocks(req.system, "system")
+        # Per-request billing values would break the prefix cache at its very first tokens.
+        system = strip_volatile_system(_text_blocks(req.system, "system"))
         if system:
             messages.append(Message("system", system))
 

@@ -19,7 +19,7 @@ from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone
 from gateway.errors import ApiError, ApiFlavor
 from gateway.state import APP_STATE, TENANT
 from gateway.turns import Turn
-from policies.conversation import Conversation, Finished, TextDelta, ToolCall, ToolCallDelta
+from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 
 log = logging.getLogger("pflash.http")
 
@@ -66,13 +66,23 @@ def lower_headers(request: web.Request) -> dict[str, str]:
 async def parse_conversation(request: web.Request, adapter: ApiAdapter) -> Conversation:
     body = await read_json(request)
     conv = adapter.parse_request(body, lower_headers(request))
-    limits = request.app[APP_STATE].settings
-    if len(conv.messages) > limits.max_messages:
-        raise ApiError(400, f"too many messages: {len(conv.messages)} > {limits.max_messages}", param="messages")
+    check_limits(request, conv)
     return conv
 
 
-async def handle_turn(request: web.Request, adapter: ApiAdapter, conv: Conversation | None = None) -> web.StreamResponse:
+def check_limits(request: web.Request, conv: Conversation) -> None:
+    limits = request.app[APP_STATE].settings
+    if len(conv.messages) > limits.max_messages:
+        raise ApiError(400, f"too many messages: {len(conv.messages)} > {limits.max_messages}", param="messages")
+
+
+# Called once a turn finished normally: (response id, the assistant reply as a neutral message).
+ReplyHook = Callable[[str, Message], None]
+
+
+async def handle_turn(
+    request: web.Request, adapter: ApiAdapter, conv: Conversation | None = None, on_reply: ReplyHook | None = None
+) -> web.StreamResponse:
     state = request.app[APP_STATE]
     if conv is None:
         conv = await parse_conversation(request, adapter)
@@ -85,6 +95,8 @@ async def handle_turn(request: web.Request, adapter: ApiAdapter, conv: Conversat
             raise ApiError(503, "the engine is busy; retry shortly", "overloaded_error", retry_after=exc.retry_after) from None
         response_id = f"{adapter.id_prefix}{secrets.token_hex(12)}"
         created = int(time.time())
+        if on_reply is not None:
+            events = _tap_reply(events, lambda reply: on_reply(response_id, reply))
         if conv.stream:
             return await _stream(request, adapter, turn, events, response_id, created)
         return await _complete(adapter, turn, events, response_id, created)
@@ -162,6 +174,25 @@ async def _stream(
             pending.cancel()
         await _close(events)
     return response
+
+
+async def _tap_reply(events: AsyncIterator[EngineEvent], done: Callable[[Message], None]) -> AsyncIterator[EngineEvent]:
+    """Pass events through; on Finished, hand the assembled reply to `done` (before the client sees it)."""
+    text: list[str] = []
+    calls: dict[int, ToolCall] = {}  # by delta index: fragments of one call are joined
+    try:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ToolCallDelta):
+                prior = calls.get(event.index)
+                calls[event.index] = event.call if prior is None else ToolCall(
+                    prior.id, prior.name, prior.arguments + event.call.arguments)
+            elif isinstance(event, Finished):
+                done(Message("assistant", "".join(text), tuple(calls[i] for i in sorted(calls))))
+            yield event
+    finally:
+        await _close(events)  # closing this wrapper must still end the engine turn
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:

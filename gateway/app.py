@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -14,12 +15,15 @@ from aiohttp import web
 from engine.base import Engine
 from engine.scorers import Bm25Scorer, Scorer
 from gateway import admin, anthropic_messages, openai_chat, openai_responses
-from gateway.api_handler import ApiAdapter, handle_turn, parse_conversation
+from gateway.api_handler import ApiAdapter, check_limits, handle_turn, lower_headers, parse_conversation, read_json
 from gateway.config import Settings
 from gateway.errors import ApiError, ApiFlavor, error_body
 from gateway.limits import ConcurrencyLimiter
+from gateway.response_history import ResponseHistory
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
-from gateway.turns import CompressionSettings, TurnService
+from gateway.compressor import CompressionSettings
+from gateway.turns import TurnService
+from policies.conversation import Message
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
 
@@ -35,6 +39,9 @@ RESPONSES = ApiAdapter("responses", "resp_", openai_responses.parse_request, ope
                        openai_responses.StreamEncoder)
 
 _OPEN_PATHS = {"/health", "/metrics"}
+
+# Recent Responses per tenant, for previous_response_id (in memory only).
+RESPONSE_HISTORY: web.AppKey[ResponseHistory] = web.AppKey("pflash_response_history", ResponseHistory)
 
 
 def flavor_for(path: str) -> ApiFlavor:
@@ -117,8 +124,42 @@ async def count_tokens(request: web.Request) -> web.Response:
     conv = await parse_conversation(request, ApiAdapter("anthropic", "", anthropic_messages.parse_count_tokens_request,
                                                         anthropic_messages.complete_response,
                                                         anthropic_messages.StreamEncoder))
-    turn = await state.turns.prepare(conv, request.get(TENANT, ""))
+    # An over-long prompt is still counted: the client asks precisely to learn whether it fits.
+    turn = await state.turns.prepare(conv, request.get(TENANT, ""), check_overflow=False)
     return web.json_response({"input_tokens": turn.prompt.n_tokens})
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI Responses: `previous_response_id` continues a stored response; `store: false` is not kept."""
+    body = await read_json(request)
+    conv = RESPONSES.parse_request(body, lower_headers(request))
+    assert isinstance(body, dict)  # parse_request refuses anything else
+    tenant = request.get(TENANT, "")
+    history = request.app[RESPONSE_HISTORY]
+    # `instructions` (parsed as the first message) are not carried over to a continuation.
+    n_instructions = 1 if body.get("instructions") else 0
+    head, items = conv.messages[:n_instructions], conv.messages[n_instructions:]
+    previous = openai_responses.previous_response_id(body)
+    if previous is not None:
+        stored = history.get(tenant, previous)
+        if stored is None:
+            raise ApiError(400, f"Previous response with id '{previous}' not found.",
+                           code="previous_response_not_found", param="previous_response_id")
+        items = (*stored, *_name_outputs(items, stored))
+        conv = replace(conv, messages=(*head, *items))
+    check_limits(request, conv)
+
+    def remember(response_id: str, reply: Message) -> None:
+        history.put(tenant, response_id, (*items, reply))
+
+    return await handle_turn(request, RESPONSES, conv, None if body.get("store") is False else remember)
+
+
+def _name_outputs(items: tuple[Message, ...], stored: tuple[Message, ...]) -> tuple[Message, ...]:
+    """Name tool outputs that answer a call made in the stored history (templates show the name)."""
+    names = {call.id: call.name for m in stored for call in m.tool_calls}
+    return tuple(replace(m, name=names.get(m.tool_call_id or "")) if m.role == "tool" and m.name is None else m
+                 for m in items)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -168,11 +209,12 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         log.info("sessions flushed to %s", store.dir)
 
     app.cleanup_ctx.append(lifetime)
+    app[RESPONSE_HISTORY] = ResponseHistory()
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", turn_route(OPENAI_CHAT))
     app.router.add_post("/v1/messages", turn_route(ANTHROPIC))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
-    app.router.add_post("/v1/responses", turn_route(RESPONSES))
+    app.router.add_post("/v1/responses", responses)
     admin.add_routes(app)
     return app

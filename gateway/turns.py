@@ -16,40 +16,16 @@ from dataclasses import dataclass, field, replace
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
 from engine.scorers import Scorer
+from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow
 from policies.admission import admit
-from policies.budget import parse_curve, token_budget
-from policies.compression import plan_compression
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
-from policies.rendering import split_lines
-from policies.request_finding import find_request
-from policies.segmentation import segment
 from sessions.identity import SessionIdentity, resolve_session
 from sessions.record import SessionRecord
 from sessions.registry import SessionRegistry
 
 log = logging.getLogger("pflash.turns")
-
-
-@dataclass(frozen=True)
-class CompressionSettings:
-    threshold: int
-    budget_curve: str
-    min_segment: int
-    max_segment: int
-    request_tokens: int
-    fallback_spread: float
-
-
-@dataclass
-class CompressionReport:
-    compressed: bool
-    reason: str
-    scorer: str
-    original_tokens: int
-    kept_tokens: int
-    scorer_seconds: float
 
 
 @dataclass
@@ -85,20 +61,20 @@ class TurnService:
     ) -> None:
         self.engine = engine
         self.registry = registry
-        self.scorer = scorer
         self.settings = settings
-        self._curve = parse_curve(settings.budget_curve)
+        self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
         self.counters: dict[str, float] = {}
 
     def _count(self, name: str, amount: float = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
 
-    async def prepare(self, conv: Conversation, tenant: str) -> Turn:
+    async def prepare(self, conv: Conversation, tenant: str, check_overflow: bool = True) -> Turn:
+        """`check_overflow=False` for counting only (count_tokens must report a size, not refuse it)."""
         identity = resolve_session(conv, tenant)
         record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
         messages, report = await self.rewrite(conv.messages, record)
         prompt = await self.engine.prepare(messages, conv.tools)
-        if prompt.n_tokens >= self.engine.n_ctx:
+        if check_overflow and prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
         return Turn(identity, record, conv, prompt, report)
 
@@ -145,34 +121,15 @@ class TurnService:
     async def _compress(
         self, messages: Sequence[Message], index: int, tokens: int, record: SessionRecord
     ) -> tuple[Message | None, CompressionReport]:
-        message = messages[index]
-        text = message.content
-        lines = split_lines(text)
-        count = self.engine.count_tokens
-        line_tokens = [count(line) + 1 for line in lines]
-        units = segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment)
-        request = find_request(messages, index, count, self.settings.request_tokens)
-        unit_texts = ["\n".join(lines[u.first : u.last + 1]) for u in units]
-        started = time.perf_counter()
-        scores: list[float] | None
-        try:
-            scores = await asyncio.to_thread(self.scorer.score, unit_texts, request.scored)
-        except Exception as exc:  # a failing scorer never fails the request
-            log.warning("scorer %s failed (%s): serving the message whole", self.scorer.name, exc)
-            self._count("scorer_failures")
-            scores = None
-        elapsed = time.perf_counter() - started
-        self._count("scorer_seconds", elapsed)
-        plan = plan_compression(
-            text, line_tokens, scores, units, token_budget(tokens, self._curve),
-            request.pinned_lines, self.settings.fallback_spread,
-        )
-        report = CompressionReport(plan.compressed, plan.reason, self.scorer.name, tokens,
-                                   count(plan.text) if plan.compressed else tokens, elapsed)
-        self._count("compressions" if plan.compressed else "compression_fallbacks")
+        plan, report = await asyncio.to_thread(self.compressor.compress, messages, index, tokens)
+        self._count("scorer_seconds", report.scorer_seconds)
+        self._count("compressions" if plan.compressed else f"compression_fallbacks:{plan.reason.split(':')[0]}")
+        log.info("compression %s: %s (%d -> %d tokens, scorer %s %.3fs)", "applied" if plan.compressed else "skipped",
+                 plan.reason, report.original_tokens, report.kept_tokens, report.scorer, report.scorer_seconds)
         if not plan.compressed:
             return None, report
-        key = content_hash(text)
+        message = messages[index]
+        key = content_hash(message.content)
         record.kept_maps[key] = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens,
                                             content_hash(plan.text))
         record.map_labels[key] = _source_label(messages, index)

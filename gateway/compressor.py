@@ -1,0 +1,77 @@
+"""Compress one long message: segment → find the request → score → plan. Shared by the serving
+path and `pflash-gateway compress`, so the preview is exactly what a request would get."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine.scorers import Scorer
+from policies.budget import parse_curve, token_budget
+from policies.compression import CompressionPlan, plan_compression
+from policies.conversation import Message
+from policies.rendering import split_lines
+from policies.request_finding import find_request
+from policies.segmentation import segment
+
+log = logging.getLogger("pflash.compress")
+
+
+@dataclass(frozen=True)
+class CompressionSettings:
+    threshold: int
+    budget_curve: str
+    min_segment: int
+    max_segment: int
+    request_tokens: int
+    fallback_spread: float
+
+
+@dataclass(frozen=True)
+class CompressionReport:
+    compressed: bool
+    reason: str
+    scorer: str
+    original_tokens: int
+    kept_tokens: int  # tokens of the rewritten message as served (note and markers included)
+    scorer_seconds: float
+    total_seconds: float
+
+
+class MessageCompressor:
+    def __init__(self, count_tokens: Callable[[str], int], scorer: Scorer, settings: CompressionSettings) -> None:
+        self.count_tokens = count_tokens
+        self.scorer = scorer
+        self.settings = settings
+        self._curve = parse_curve(settings.budget_curve)
+
+    def compress(
+        self, messages: Sequence[Message], index: int, tokens: int, keep_ratio: float | None = None
+    ) -> tuple[CompressionPlan, CompressionReport]:
+        """Blocking (tokenizing and scoring): call it from a worker thread."""
+        started = time.perf_counter()
+        text = messages[index].content
+        lines = split_lines(text)
+        line_tokens = [self.count_tokens(line) for line in lines]
+        units = segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment)
+        request = find_request(messages, index, self.count_tokens, self.settings.request_tokens)
+        unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
+        scoring_started = time.perf_counter()
+        scores: list[float] | None
+        try:
+            scores = self.scorer.score(unit_texts, request.scored)
+        except Exception as exc:  # a failing scorer never fails the request
+            log.warning("scorer %s failed (%s): serving the message whole", self.scorer.name, exc)
+            scores = None
+        scorer_seconds = time.perf_counter() - scoring_started
+        budget = int(tokens * keep_ratio) if keep_ratio is not None else token_budget(tokens, self._curve)
+        plan = plan_compression(
+            text, line_tokens, scores, units, budget, request.pinned_lines,
+            self.settings.fallback_spread, self.count_tokens,
+        )
+        served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
+        report = CompressionReport(plan.compressed, plan.reason, self.scorer.name, tokens, served_tokens,
+                                   scorer_seconds, time.perf_counter() - started)
+        return plan, report

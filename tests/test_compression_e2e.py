@@ -1,0 +1,170 @@
+"""Compression of a new long tool output through the real engine (threshold lowered to 300)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, Gateway
+
+pytestmark = pytest.mark.engine
+
+
+def python_module(n_functions: int = 40) -> str:
+    """A realistic file read: many small functions, one of them about billing."""
+    blocks = ['"""Inventory helpers."""', "import math", ""]
+    for i in range(n_functions):
+        if i == 23:
+            blocks.append(
+                "def compute_invoice_total(items, tax_rate):\n"
+                '    """Sum the invoice lines and apply the tax rate."""\n'
+                "    subtotal = sum(item.price * item.quantity for item in items)\n"
+                "    return round(subtotal * (1 + tax_rate), 2)\n"
+            )
+            continue
+        blocks.append(
+            f"def helper_{i}(values):\n"
+            f'    """Return the scaled norm number {i} of the values."""\n'
+            f"    total = sum(v * {i + 1} for v in values)\n"
+            f"    return math.sqrt(total) if total > 0 else 0.0\n"
+        )
+    return "\n".join(blocks)
+
+
+def tool_conversation(output: str, question: str = "Where is the invoice total computed, and how is tax applied?") -> list[dict]:
+    return [
+        {"role": "system", "content": "You are a coding agent. " * 30},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_read1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "inventory.py"}'}}]},
+        {"role": "tool", "tool_call_id": "call_read1", "content": output},
+    ]
+
+
+def post(server: Gateway, session: str, messages: list[dict], max_tokens: int = 8) -> httpx.Response:
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def transcript(server: Gateway, session: str) -> list[dict]:
+    return httpx.get(f"{server.url}/v1/sessions/{session}/transcript").json()["messages"]
+
+
+def test_long_tool_output_is_compressed_and_prefix_reused(gateway: Gateway) -> None:
+    session = "compress-" + uuid.uuid4().hex
+    output = python_module()
+    messages = tool_conversation(output)
+    first = post(gateway, session, messages)
+    assert first.headers["X-PFlash-Compressed"] == "true"
+    original, kept = int(first.headers["X-PFlash-Original-Tokens"]), int(first.headers["X-PFlash-Kept-Tokens"])
+    assert kept < original * 0.6 and original > 300
+    assert first.headers["X-PFlash-Scorer"]
+
+    seen = transcript(gateway, session)
+    assert [m["content"] for m in seen[:3]] == [m["content"] or "" for m in messages[:3]]  # history untouched
+    served = seen[3]["content"]
+    assert served.startswith("[pflash: showing ")
+    assert "def compute_invoice_total(items, tax_rate):" in served  # the relevant unit survived
+    original_lines = output.splitlines()
+    for marker in re.findall(r"\[… lines? (\d+)(?:–(\d+))? omitted …\]", served):
+        first_line, last_line = int(marker[0]), int(marker[1] or marker[0])
+        assert 1 <= first_line <= last_line <= len(original_lines)
+    kept_lines = [line for line in served.splitlines()[1:] if not line.startswith("[… line")]
+    assert all(line in original_lines for line in kept_lines)  # only whole original lines
+
+    # The agent resends the same original output with one more turn: the prefix is reused whole.
+    answer = first.json()["choices"][0]["message"]["content"] or ""
+    follow = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks. Anything else?"}]
+    second = post(gateway, session, follow)
+    assert second.headers.get("X-PFlash-Compressed") is None  # nothing new and long: no compression event
+    cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first.json()["usage"]["prompt_tokens"] - 1
+    assert transcript(gateway, session)[3]["content"] == served  # byte-identical re-render
+
+
+def test_short_output_and_history_are_untouched(gateway: Gateway) -> None:
+    session = "short-" + uuid.uuid4().hex
+    short = "def f():\n    return 1\n"
+    response = post(gateway, session, tool_conversation(short))
+    assert response.headers.get("X-PFlash-Compressed") is None
+    assert transcript(gateway, session)[3]["content"] == short
+
+    # A long output that is already history (cold: never served by this session) stays whole.
+    cold = "cold-" + uuid.uuid4().hex
+    long_output = python_module()
+    history = [*tool_conversation(long_output), {"role": "assistant", "content": "Noted."},
+               {"role": "user", "content": "Now summarise."}]
+    response = post(gateway, cold, history)
+    assert response.headers.get("X-PFlash-Compressed") is None
+    assert transcript(gateway, cold)[3]["content"] == long_output
+
+
+def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_path: Path) -> None:
+    from engine.llama_engine import LlamaEngine, LlamaOptions
+    from gateway.compressor import CompressionSettings
+    from gateway.turns import TurnService
+    from policies.conversation import Conversation, Message, SamplingParams, SessionHints, ToolCall
+    from sessions.registry import SessionRegistry
+    from sessions.store import SessionStore
+
+    class BrokenScorer:
+        name = "broken"
+
+        def score(self, units: list[str], request: str) -> list[float]:
+            raise RuntimeError("drafter crashed")
+
+    engine = LlamaEngine(LlamaOptions(model_path=model_path, model_sha256="x", n_ctx=4096))
+    registry = SessionRegistry(SessionStore(tmp_path, engine.fingerprint), 10**8)
+    turns = TurnService(engine, registry, BrokenScorer(),
+                        CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.11))
+    output = python_module()
+    conv = Conversation(
+        messages=(Message("user", "Where is the invoice total?"),
+                  Message("assistant", "", (ToolCall("call_1", "read_file", "{}"),)),
+                  Message("tool", output, tool_call_id="call_1")),
+        params=SamplingParams(max_tokens=4, temperature=0.0),
+        hints=SessionHints(x_session_id="broken"),
+    )
+
+    async def run() -> list[object]:
+        turn = await turns.prepare(conv, "")
+        assert turn.compression is not None and not turn.compression.compressed
+        assert turn.compression.reason.startswith("scorer_failed")
+        assert turn.prompt.messages[2].content == output  # served whole
+        return [event async for event in turns.stream(turn)]
+
+    events = asyncio.run(run())
+    assert type(events[-1]).__name__ == "Finished"
+    asyncio.run(engine.close())
+
+
+def test_compress_cli_json(tmp_path: Path, model_path: Path) -> None:
+    source = tmp_path / "inventory.py"
+    source.write_text(python_module())
+    request = tmp_path / "request.txt"
+    request.write_text("Where is the invoice total computed?")
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "compress", "--input", str(source), "--request-file", str(request),
+         "--keep-ratio", "0.3", "--json", "--model", str(model_path), "--store-dir", str(tmp_path / "store"),
+         "--min-segment", "8", "--max-segment", "64"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["compressed"] is True and report["scorer"] == "bm25"
+    assert report["total_lines"] == len(python_module().splitlines())
+    assert report["kept_tokens"] <= 0.3 * report["total_tokens"]
+    lines = python_module().splitlines()
+    invoice_line = lines.index("def compute_invoice_total(items, tax_rate):") + 1
+    assert any(a <= invoice_line <= b for a, b in report["kept_ranges"])
+    assert report["text"].startswith("[pflash: showing ")
