@@ -19,6 +19,7 @@ from gateway.api_handler import ApiAdapter, check_limits, handle_turn, lower_hea
 from gateway.config import Settings
 from gateway.errors import ApiError, ApiFlavor, error_body
 from gateway.limits import ConcurrencyLimiter
+from gateway.metrics import install as install_metrics
 from gateway.response_history import ResponseHistory
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from gateway.compressor import CompressionSettings
@@ -184,6 +185,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         client_max_size=int(settings.max_body_mb * 1024 * 1024),
         middlewares=[error_middleware, auth_middleware(settings)],
     )
+    install_metrics(app)  # GET /metrics (open: no session data) and the request metrics middleware
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         engine = await asyncio.to_thread(engine_factory, settings)
@@ -194,7 +196,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         if attach is not None:
             attach(registry)
         compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
-                                          settings.max_segment, settings.request_tokens, settings.fallback_spread)
+                                          settings.max_segment, settings.request_tokens, settings.fallback_spread,
+                                          settings.recall_theta, settings.recall_budget)
         turns = TurnService(engine, registry, default_scorer(settings), compression)
         state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
         app[APP_STATE] = state

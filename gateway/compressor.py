@@ -14,7 +14,7 @@ from policies.compression import CompressionPlan, plan_compression
 from policies.conversation import Message
 from policies.rendering import split_lines
 from policies.request_finding import find_request
-from policies.segmentation import segment
+from policies.segmentation import Unit, segment
 
 log = logging.getLogger("pflash.compress")
 
@@ -27,6 +27,8 @@ class CompressionSettings:
     max_segment: int
     request_tokens: int
     fallback_spread: float
+    recall_theta: float = 0.075
+    recall_budget: int = 2048
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,20 @@ class MessageCompressor:
         self.settings = settings
         self._curve = parse_curve(settings.budget_curve)
 
+    def segment_message(self, text: str) -> tuple[list[str], list[int], list[Unit]]:
+        """Lines, tokens per line and units: a pure function of the text, so recall re-derives
+        exactly the units compression chose from."""
+        lines = split_lines(text)
+        line_tokens = [self.count_tokens(line) for line in lines]
+        return lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment)
+
     def compress(
         self, messages: Sequence[Message], index: int, tokens: int, keep_ratio: float | None = None
     ) -> tuple[CompressionPlan, CompressionReport]:
         """Blocking (tokenizing and scoring): call it from a worker thread."""
         started = time.perf_counter()
         text = messages[index].content
-        lines = split_lines(text)
-        line_tokens = [self.count_tokens(line) for line in lines]
-        units = segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment)
+        lines, line_tokens, units = self.segment_message(text)
         request = find_request(messages, index, self.count_tokens, self.settings.request_tokens)
         unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
         scoring_started = time.perf_counter()

@@ -18,6 +18,7 @@ from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
 from engine.scorers import Scorer
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow
+from gateway.recall import RecallGate, RecallReport, recalled_turn
 from policies.admission import admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
@@ -35,6 +36,7 @@ class Turn:
     conversation: Conversation
     prompt: PreparedPrompt
     compression: CompressionReport | None = None
+    recall: RecallReport | None = None
     restored_from: str | None = None  # known once prefill is done (non-stream headers carry it)
     started: float = field(default_factory=time.perf_counter)
 
@@ -52,6 +54,10 @@ class Turn:
                 "X-PFlash-Scorer": c.scorer,
                 "X-PFlash-Scorer-Ms": f"{c.scorer_seconds * 1000:.1f}",
             })
+        if self.recall is not None:
+            out["X-PFlash-Recall"] = "true" if self.recall.fired else "false"
+            out["X-PFlash-Recall-Tokens"] = str(self.recall.added_tokens)
+            out["X-PFlash-Recall-Share"] = f"{self.recall.omitted_share:.4f}"
         return out
 
 
@@ -63,6 +69,7 @@ class TurnService:
         self.registry = registry
         self.settings = settings
         self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
+        self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget)
         self.counters: dict[str, float] = {}
 
     def _count(self, name: str, amount: float = 1) -> None:
@@ -72,17 +79,18 @@ class TurnService:
         """`check_overflow=False` for counting only (count_tokens must report a size, not refuse it)."""
         identity = resolve_session(conv, tenant)
         record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
-        messages, report = await self.rewrite(conv.messages, record)
+        messages, report, recall = await self.rewrite(conv.messages, record)
         prompt = await self.engine.prepare(messages, conv.tools)
         if check_overflow and prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
-        return Turn(identity, record, conv, prompt, report)
+        return Turn(identity, record, conv, prompt, report, recall)
 
     async def rewrite(
         self, messages: Sequence[Message], record: SessionRecord
-    ) -> tuple[tuple[Message, ...], CompressionReport | None]:
-        """History from the kept-line maps; at most one new long message of this turn compressed."""
-        served = [self._as_served(m, record) for m in messages]
+    ) -> tuple[tuple[Message, ...], CompressionReport | None, RecallReport | None]:
+        """History from the kept-line maps and recall log; at most one new long message of this
+        turn compressed; a new question checked by the recall gate."""
+        served = [recalled_turn(m, i, record) or self._as_served(m, record) for i, m in enumerate(messages)]
         candidate = self._compression_candidate(messages, record)
         report = None
         if candidate is not None:
@@ -90,7 +98,27 @@ class TurnService:
             rewritten, report = await self._compress(messages, index, tokens, record)
             if rewritten is not None:
                 served[index] = rewritten
-        return tuple(served), report
+        recall = None
+        last = len(messages) - 1
+        if self._is_new_question(messages, last, record) and (candidate is None or candidate[0] != last):
+            try:
+                result = await asyncio.to_thread(self.recall.rewrite, messages, last, record)
+            except Exception as exc:  # like compression: a scorer failure never fails the request
+                log.warning("recall gate failed (%s): question served as sent", exc)
+                self._count("recall_failures")
+                result = None
+            if result is not None:
+                served[last], recall = result
+                self._count("recalls" if recall.fired else "recall_checks")
+                self._count("recall_seconds", recall.seconds)  # /metrics: drafter time of the recall gate
+        return tuple(served), report, recall
+
+    @staticmethod
+    def _is_new_question(messages: Sequence[Message], index: int, record: SessionRecord) -> bool:
+        if index < 0 or messages[index].role != "user" or not record.kept_maps:
+            return False
+        return (content_hash(messages[index].content) not in record.served_hashes
+                and recalled_turn(messages[index], index, record) is None)
 
     def _as_served(self, message: Message, record: SessionRecord) -> Message:
         kept = record.kept_maps.get(content_hash(message.content)) if message.role in ("tool", "user") else None
@@ -123,6 +151,8 @@ class TurnService:
     ) -> tuple[Message | None, CompressionReport]:
         plan, report = await asyncio.to_thread(self.compressor.compress, messages, index, tokens)
         self._count("scorer_seconds", report.scorer_seconds)
+        self._count("compression_tokens_in", report.original_tokens)  # /metrics: tokens in vs as served
+        self._count("compression_tokens_out", report.kept_tokens)
         self._count("compressions" if plan.compressed else f"compression_fallbacks:{plan.reason.split(':')[0]}")
         log.info("compression %s: %s (%d -> %d tokens, scorer %s %.3fs)", "applied" if plan.compressed else "skipped",
                  plan.reason, report.original_tokens, report.kept_tokens, report.scorer, report.scorer_seconds)

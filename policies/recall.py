@@ -38,6 +38,22 @@ def omitted_flags(units: Sequence[Unit], kept_ranges: Sequence[Range]) -> list[b
     return flags
 
 
+def relevance_mass(scores: Sequence[float]) -> list[float]:
+    """Each unit's share-able relevance: its score above the median unit's, never negative.
+
+    A term every unit shares (a variable name repeated in each function, a word like "total")
+    gives every unit a small score; summed over hundreds of omitted units that background would
+    look like a large omitted share and trigger recall for nothing. Only what rises above the
+    typical unit says where the answer is.
+    """
+    clean = sorted(max(float(s), 0.0) for s in scores)
+    if not clean:
+        return []
+    mid = len(clean) // 2
+    median = clean[mid] if len(clean) % 2 else (clean[mid - 1] + clean[mid]) / 2
+    return [max(max(float(s), 0.0) - median, 0.0) for s in scores]
+
+
 def decide_recall(
     scores: Sequence[float],
     tokens: Sequence[int],
@@ -48,8 +64,8 @@ def decide_recall(
 ) -> RecallDecision:
     """Whether to recall, and which units.
 
-    omitted_share = (non-negative) score mass of omitted units / mass of all units (0 when there
-    is no mass). Recall iff share >= θ and some omitted, not yet recalled unit fits the budget.
+    omitted_share = relevance mass (see relevance_mass) of omitted units / mass of all units (0
+    when there is no mass). Recall iff share >= θ and some omitted, not yet recalled unit fits the budget.
     Units are chosen by density (score per token, ties to the earlier unit), skipping those that
     do not fit; units with positive score only, unless none has any (then by position).
     """
@@ -62,7 +78,7 @@ def decide_recall(
         return RecallDecision(False, 0.0, (), "scorer_failed: non-finite score")
     if not any(omitted):
         return RecallDecision(False, 0.0, (), "nothing_omitted")
-    mass = [max(float(s), 0.0) for s in scores]
+    mass = relevance_mass(scores)
     total = sum(mass)
     share = sum(m for m, o in zip(mass, omitted) if o) / total if total > 0 else 0.0
     if share < theta:

@@ -6,15 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.recall import RecallDecision, decide_recall, omitted_flags, render_excerpts
+from policies.recall import RecallDecision, decide_recall, omitted_flags, relevance_mass, render_excerpts
 from policies.rendering import split_lines
 from policies.segmentation import Unit
 
 
 def test_recall_when_omitted_share_reaches_theta() -> None:
-    scores = [5.0, 0.5, 3.0, 1.5]
-    tokens = [100, 50, 60, 10]
-    omitted = [False, True, True, True]
+    # Five unrelated units put the median at 0, so mass equals score here.
+    scores = [5.0, 0.5, 3.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0]
+    tokens = [100, 50, 60, 10, 10, 10, 10, 10, 10]
+    omitted = [False, True, True, True, True, True, True, True, True]
     d = decide_recall(scores, tokens, omitted, frozenset(), theta=0.075, budget_tokens=65)
     assert d.recall and d.reason == "recall"
     assert d.omitted_share == pytest.approx(5.0 / 10.0)
@@ -22,17 +23,30 @@ def test_recall_when_omitted_share_reaches_theta() -> None:
     assert d.units == (1, 3)
 
 
+def test_background_scores_shared_by_every_unit_carry_no_mass() -> None:
+    # A term in every omitted unit ("total") gives each a little score; only the outlier counts.
+    scores = [6.0] + [0.4] * 40
+    omitted = [False] + [True] * 40
+    d = decide_recall(scores, [10] * 41, omitted, frozenset(), theta=0.075)
+    assert d.omitted_share == 0.0 and not d.recall
+    raw_share = sum(scores[1:]) / sum(scores)
+    assert raw_share > 0.7  # what a raw-mass gate would have (wrongly) recalled on
+    scores[17] = 5.0  # one omitted unit really matches the question
+    d = decide_recall(scores, [10] * 41, omitted, frozenset(), theta=0.075)
+    assert d.recall and d.units == (17,)
+
+
 def test_below_theta_and_edge_thetas() -> None:
-    scores = [9.5, 0.5]
-    tokens = [10, 10]
-    omitted = [False, True]
+    scores = [9.5, 0.5, 0.0, 0.0, 0.0]
+    tokens = [10, 10, 10, 10, 10]
+    omitted = [False, True, False, False, False]
     assert decide_recall(scores, tokens, omitted, frozenset(), theta=0.075) == RecallDecision(
         False, pytest.approx(0.05), (), "below_theta"  # type: ignore[arg-type]
     )
     assert decide_recall(scores, tokens, omitted, frozenset(), theta=0.0).units == (1,)
     # θ = 1.0: only when the kept units hold no relevance at all.
     assert not decide_recall(scores, tokens, omitted, frozenset(), theta=1.0).recall
-    assert decide_recall([0.0, 0.5], tokens, omitted, frozenset(), theta=1.0).recall
+    assert decide_recall([0.0, 0.5, 0.0, 0.0, 0.0], tokens, omitted, frozenset(), theta=1.0).recall
     # θ = 0.0 recalls even with no relevance anywhere, earliest units first.
     d = decide_recall([0.0, 0.0, 0.0], [10, 10, 10], [True, True, True], frozenset(), theta=0.0, budget_tokens=20)
     assert d.recall and d.units == (0, 1)
@@ -42,8 +56,8 @@ def test_below_theta_and_edge_thetas() -> None:
 
 def test_no_recall_cases() -> None:
     assert decide_recall([1.0], [5], [False], frozenset()).reason == "nothing_omitted"
-    assert decide_recall([1.0, 1.0], [5, 5], [False, True], frozenset({1})).reason == "all_recalled"
-    assert decide_recall([1.0, 1.0], [5, 500], [False, True], frozenset(), budget_tokens=100).reason == "over_budget"
+    assert decide_recall([1.0, 1.0], [5, 5], [False, True], frozenset({1}), theta=0.0).reason == "all_recalled"
+    assert decide_recall([1.0, 1.0], [5, 500], [False, True], frozenset(), theta=0.0, budget_tokens=100).reason == "over_budget"
     assert decide_recall([math.nan, 1.0], [5, 5], [False, True], frozenset()).reason.startswith("scorer_failed")
     assert decide_recall([1.0], [5, 5], [False, True], frozenset()).reason.startswith("scorer_failed")
 
@@ -98,7 +112,8 @@ def test_recall_gate_invariants(case: tuple[list[float], list[int], list[bool], 
     assert d.recall == bool(d.units)
     if d.recall:
         assert d.omitted_share >= theta
-    mass = [max(s, 0.0) for s in scores]
+    mass = relevance_mass(scores)
+    assert all(m >= 0 for m in mass)
     if sum(mass) > 0 and any(omitted):
         share = sum(m for m, o in zip(mass, omitted) if o) / sum(mass)
         assert d.omitted_share == pytest.approx(share)

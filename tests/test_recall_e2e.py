@@ -1,0 +1,76 @@
+"""The θ recall gate through the real engine: omitted lines come back when a follow-up needs them."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway
+from tests.test_compression_e2e import post, python_module, tool_conversation, transcript
+
+pytestmark = pytest.mark.engine
+
+RECALL_HEADER = re.compile(r"^\[pflash: recalled lines? (\d+)(?:–(\d+))? of (.+)\]$")
+
+
+def reply_text(response: httpx.Response) -> str:
+    return response.json()["choices"][0]["message"]["content"] or ""
+
+
+def test_follow_up_about_omitted_line_recalls_it(gateway: Gateway) -> None:
+    session = "recall-" + uuid.uuid4().hex
+    output = python_module()
+    original_lines = output.splitlines()
+    messages = tool_conversation(output)
+    first = post(gateway, session, messages)
+    assert first.headers["X-PFlash-Compressed"] == "true"
+    served = transcript(gateway, session)[3]["content"]
+    assert "def helper_37(values):" not in served  # omitted by the first cut
+
+    # A follow-up about a kept line: the gate stays shut.
+    history = [*messages, {"role": "assistant", "content": reply_text(first)}]
+    kept_q = [*history, {"role": "user", "content": "In compute_invoice_total, how is tax_rate applied to the subtotal?"}]
+    kept_reply = post(gateway, session, kept_q)
+    assert kept_reply.headers["X-PFlash-Recall"] == "false"
+    assert transcript(gateway, session)[-1]["content"] == kept_q[-1]["content"]
+
+    # A follow-up about an omitted function: its lines come back, labelled, at the top of the turn.
+    history = [*kept_q, {"role": "assistant", "content": reply_text(kept_reply)}]
+    question = "What does helper_37 multiply the values by (helper_37)?"
+    follow = [*history, {"role": "user", "content": question}]
+    recalled = post(gateway, session, follow)
+    assert recalled.headers["X-PFlash-Recall"] == "true"
+    assert int(recalled.headers["X-PFlash-Recall-Tokens"]) > 0
+    turn = transcript(gateway, session)[-1]["content"]
+    assert turn.endswith(question) and turn.startswith("[pflash: recalled ")
+    headers = [(i, m) for i, line in enumerate(turn.splitlines()) if (m := RECALL_HEADER.match(line))]
+    assert headers and all(m.group(3) == "the output of read_file(call_read1)" for _, m in headers)
+    body = turn.splitlines()
+    for at, match in headers:
+        first_line, last_line = int(match.group(1)), int(match.group(2) or match.group(1))
+        assert body[at + 1 : at + 2 + last_line - first_line] == original_lines[first_line - 1 : last_line]
+    assert "def helper_37(values):" in turn
+    # Everything before the new turn came from the cache.
+    assert recalled.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= kept_reply.json()["usage"]["prompt_tokens"] - 1
+
+    # The same conversation resent later renders byte-identically (the excerpt is history now).
+    before = transcript(gateway, session)
+    again = post(gateway, session, follow)
+    assert transcript(gateway, session) == before
+    assert "X-PFlash-Recall" not in again.headers  # not a new question: the gate does not run again
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= again.json()["usage"]["prompt_tokens"] - 2
+
+
+def test_theta_one_turns_recall_off(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    server = start_gateway("--recall-theta", "1.0")
+    session = "no-recall-" + uuid.uuid4().hex
+    messages = tool_conversation(python_module())
+    first = post(server, session, messages)
+    follow = [*messages, {"role": "assistant", "content": reply_text(first)},
+              {"role": "user", "content": "What does helper_37 multiply the values by (helper_37)?"}]
+    response = post(server, session, follow)
+    assert response.headers["X-PFlash-Recall"] == "false"
+    assert transcript(server, session)[-1]["content"] == follow[-1]["content"]
