@@ -21,6 +21,16 @@ class EngineUnavailable(Exception):
     """The engine (e.g. an upstream server) cannot be reached."""
 
 
+class EngineRejected(Exception):
+    """The engine refused the request (an upstream's 4xx/5xx), with the status to pass on."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
 @dataclass(frozen=True)
 class PreparedPrompt:
     """A conversation rendered for one engine: what it will actually read."""

@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone
-from gateway.errors import ApiError, ApiFlavor
+from engine.base import EngineBusy, EngineEvent, EngineRejected, EngineUnavailable, PrefillDone
+from gateway.errors import ApiError, ApiFlavor, ErrorKind
+from gateway.metrics import note_first_output
 from gateway.state import APP_STATE, TENANT
 from gateway.turns import Turn
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
@@ -99,25 +100,28 @@ async def handle_turn(
             events = _tap_reply(events, lambda reply: on_reply(response_id, reply))
         if conv.stream:
             return await _stream(request, adapter, turn, events, response_id, created)
-        return await _complete(adapter, turn, events, response_id, created)
+        return await _complete(request, adapter, turn, events, response_id, created)
 
 
 async def _complete(
-    adapter: ApiAdapter, turn: Turn, events: AsyncIterator[EngineEvent], response_id: str, created: int
+    request: web.Request, adapter: ApiAdapter, turn: Turn, events: AsyncIterator[EngineEvent], response_id: str,
+    created: int,
 ) -> web.Response:
     text: list[str] = []
     calls: list[ToolCall] = []
     finished: Finished | None = None
     try:
         async for event in events:
+            if not isinstance(event, PrefillDone):
+                note_first_output(request)  # time to first token (or to the end of an empty answer)
             if isinstance(event, TextDelta):
                 text.append(event.text)
             elif isinstance(event, ToolCallDelta):
                 calls.append(event.call)
             elif isinstance(event, Finished):
                 finished = event
-    except (EngineUnavailable, OSError) as exc:
-        raise ApiError(503, f"engine unavailable: {exc}", "overloaded_error", retry_after=5) from None
+    except (EngineUnavailable, EngineRejected, OSError) as exc:
+        raise engine_error(exc) from None
     finally:
         await _close(events)
     assert finished is not None, "engine ended a turn without Finished"
@@ -138,7 +142,13 @@ async def _stream(
     encoder = adapter.stream_encoder(turn.conversation, response_id, created)
     response = web.StreamResponse(headers={**SSE_HEADERS, **turn.headers()})
     iterator = events.__aiter__()
-    pending: asyncio.Future[EngineEvent] | None = None
+    pending: asyncio.Future[EngineEvent] | None = asyncio.ensure_future(iterator.__anext__())
+    # An engine that fails at once (an upstream that is down) still gets a real HTTP status.
+    await asyncio.wait({pending}, timeout=state.settings.keepalive_seconds)
+    if pending.done() and isinstance(pending.exception(), (EngineUnavailable, EngineRejected)):
+        failure = pending.exception()
+        await _close(events)
+        raise engine_error(failure) from None  # type: ignore[arg-type]
     try:
         await response.prepare(request)
         await response.write(encoder.begin(turn.prompt.n_tokens, 0))
@@ -158,6 +168,7 @@ async def _stream(
             if isinstance(event, PrefillDone):
                 continue
             await response.write(encoder.feed(event))
+            note_first_output(request)  # time to first token (or to the end of an empty answer)
             if isinstance(event, Finished):
                 log_turn(turn, event, adapter.flavor)
         await response.write_eof()
@@ -166,6 +177,8 @@ async def _stream(
         raise
     except ApiError as err:
         await _write_quietly(response, encoder.error(err))
+    except (EngineUnavailable, EngineRejected) as exc:
+        await _write_quietly(response, encoder.error(engine_error(exc)))
     except Exception as exc:
         log.exception("stream failed")
         await _write_quietly(response, encoder.error(ApiError(500, f"internal error: {exc}", "api_error")))
@@ -174,6 +187,17 @@ async def _stream(
             pending.cancel()
         await _close(events)
     return response
+
+
+def engine_error(exc: BaseException) -> ApiError:
+    """An engine failure as the client should see it: an upstream's refusal keeps its status
+    (a context overflow stays a 400), an unreachable engine is a 503 with Retry-After."""
+    if isinstance(exc, EngineRejected):
+        kinds: dict[int, ErrorKind] = {400: "invalid_request_error", 429: "rate_limit_error"}
+        status = exc.status if exc.status in (400, 429) else 502
+        return ApiError(status, exc.message, kinds.get(status, "api_error"), code=exc.code,
+                        retry_after=1 if status == 429 else None)
+    return ApiError(503, f"engine unavailable: {exc}", "overloaded_error", retry_after=5)
 
 
 async def _tap_reply(events: AsyncIterator[EngineEvent], done: Callable[[Message], None]) -> AsyncIterator[EngineEvent]:
@@ -231,5 +255,12 @@ def log_turn(turn: Turn, finished: Finished, api: str) -> None:
         fields.update(compressed=c.compressed, compression_reason=c.reason, scorer=c.scorer,
                       original_tokens=c.original_tokens, kept_tokens=c.kept_tokens,
                       scorer_seconds=round(c.scorer_seconds, 3))
+    recall = getattr(turn, "recall", None)
+    if recall is not None:
+        fields.update(recall_fired=recall.fired, recall_reason=recall.reason,
+                      recall_added_tokens=recall.added_tokens, recall_seconds=round(recall.seconds, 3))
     log.info("turn", extra={"fields": fields})
+    if log.isEnabledFor(logging.DEBUG):  # prompt text only when debug logging was asked for
+        last = turn.prompt.messages[-1].content if turn.prompt.messages else ""
+        log.debug("turn prompt", extra={"fields": {"session": fields["session"], "prompt_tail": last[-2000:]}})
 

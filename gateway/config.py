@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     upstream_model: str | None = Field(None, description="Model name sent to the upstream server.")
     upstream_timeout: float = Field(600.0, gt=0, description="Upstream request timeout in seconds.")
     upstream_retries: int = Field(2, ge=0, description="Retries on upstream connect errors.")
+    upstream_n_ctx: int | None = Field(None, ge=256, description="Upstream context size (default: asked from the upstream).")
+    tokenizer: str | None = Field(
+        None, description="Token counting without a local target: a GGUF path (vocabulary only) or "
+        "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the embedded model's vocabulary.",
+    )
 
     # --- sessions ------------------------------------------------------------------------------
     store_dir: Path = Field(default_factory=default_store_dir, description="Session store directory.")
@@ -134,8 +139,8 @@ class Settings(BaseSettings):
             raise ValueError("engine = 'upstream' needs upstream_url")
         if not self.api_keys and not self.allow_remote_without_keys and not is_loopback(self.host):
             raise ValueError(
-                f"refusing to listen on {self.host} without api_keys; "
-                "set api_keys or allow_remote_without_keys = true"
+                f"refusing to listen on {self.host} without API keys: set --api-keys (PFLASH_API_KEYS), "
+                "or --allow-remote-without-keys to accept anyone who can reach the port"
             )
         return self
 
@@ -181,8 +186,9 @@ def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | N
         return Settings(**(overrides or {}))
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
-        raise SettingsError(f"invalid setting {where}: {first['msg']}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise SettingsError(f"invalid setting {where}: {message}" if where else message) from None
     except Exception as exc:  # a malformed TOML file, for instance
         raise SettingsError(f"invalid configuration: {exc}") from None
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from engine.base import Engine
 from engine.model_files import file_sha256, resolve_model
@@ -12,6 +13,8 @@ log = logging.getLogger("pflash.engine")
 
 
 def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "upstream":
+        return _build_upstream(settings)
     from engine.llama_engine import LlamaEngine, LlamaOptions
 
     model_path = resolve_model(settings.model, settings.store_dir / "models")
@@ -35,3 +38,34 @@ def build_engine(settings: Settings) -> Engine:
         queue_size=settings.queue_size,
     )
     return LlamaEngine(options)
+
+
+def local_token_counter(settings: Settings) -> tuple[Callable[[str], int], str]:
+    """Line-level token counts without the target in process: tiktoken files the user provides
+    (`tiktoken:<encoding>`, read from TIKTOKEN_CACHE_DIR), else a GGUF's vocabulary."""
+    spec = settings.tokenizer
+    if spec and spec.startswith("tiktoken:"):
+        import tiktoken
+
+        encoding = tiktoken.get_encoding(spec.split(":", 1)[1])
+        return (lambda text: len(encoding.encode(text, disallowed_special=()))), spec
+    from engine.tokenizer import GgufTokenizer
+
+    path = resolve_model(spec, settings.store_dir / "models")
+    return GgufTokenizer(path).count_tokens, f"the vocabulary of {path.name}"
+
+
+def _build_upstream(settings: Settings) -> Engine:
+    from engine.upstream import UpstreamEngine, UpstreamOptions
+
+    assert settings.upstream_url is not None  # the settings validator guarantees it
+    count, name = local_token_counter(settings)
+    options = UpstreamOptions(
+        base_url=settings.upstream_url,
+        api_key=settings.upstream_api_key,
+        model=settings.upstream_model,
+        timeout=settings.upstream_timeout,
+        retries=settings.upstream_retries,
+        n_ctx=settings.upstream_n_ctx,
+    )
+    return UpstreamEngine(options, count, name)

@@ -196,7 +196,8 @@ class TurnService:
         record.count("prompt_tokens", finished.usage.prompt_tokens)
         record.count("cached_tokens", finished.usage.cached_tokens)
         record.count("completion_tokens", finished.usage.completion_tokens)
-        self.registry.note_context(record.session_id, finished.usage.prompt_tokens + finished.usage.completion_tokens)
+        if turn.restored_from != "upstream":  # an upstream keeps its own KV; nothing is local
+            self.registry.note_context(record.session_id, finished.usage.prompt_tokens + finished.usage.completion_tokens)
 
 
 def _source_label(messages: Sequence[Message], index: int) -> str:

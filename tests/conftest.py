@@ -35,6 +35,8 @@ class Gateway:
 
     def __init__(self, store: Path, model: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.store = store
+        self.engine = extra[extra.index("--engine") + 1] if "--engine" in extra else "llama"
+        self.proxy: RecordingProxy | None = None  # set when the upstream is behind a recording proxy
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = store.parent / f"gateway-{self.port}.log"
@@ -99,3 +101,110 @@ def start_gateway(tmp_path: Path, model_path: Path) -> Iterator[type[Gateway]]:
     yield start  # type: ignore[misc]
     for server in started:
         server.stop()
+
+
+class RecordingProxy:
+    """A pass-through HTTP proxy on 127.0.0.1 that records every JSON body sent upstream, so a
+    test can see exactly what the upstream received."""
+
+    def __init__(self, target: str) -> None:
+        import asyncio
+        import threading
+
+        from aiohttp import ClientSession, web
+
+        self.target = target.rstrip("/")
+        self.bodies: list[dict] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            raw = await request.read()
+            if raw:
+                try:
+                    self.bodies.append(__import__("json").loads(raw))
+                except ValueError:
+                    pass
+            async with ClientSession() as session:
+                async with session.request(request.method, self.target + request.path_qs, data=raw,
+                                           headers={"Content-Type": "application/json"}) as upstream:
+                    response = web.StreamResponse(status=upstream.status,
+                                                  headers={"Content-Type": upstream.headers.get("Content-Type", "")})
+                    await response.prepare(request)
+                    try:
+                        async for chunk in upstream.content.iter_any():
+                            await response.write(chunk)
+                        await response.write_eof()
+                    except ConnectionError:
+                        pass  # the gateway hung up early (a cancelled turn): nothing to relay
+                    return response
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", forward)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            ready.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(serve())
+            self._loop.run_forever()
+
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait(10)
+
+    def chat_bodies(self) -> list[dict]:
+        return [b for b in self.bodies if "messages" in b]
+
+
+@pytest.fixture(scope="session")
+def llama_server(model_path: Path) -> Iterator[str]:
+    """llama-cpp-python's own OpenAI-compatible server on the small model: an upstream we did not write."""
+    port = free_port()
+    log_path = model_path.parent / f"llama-server-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--port", str(port),
+             "--chat_format", "gemma", "--n_ctx", "4096", "--verbose", "False"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            proc.kill()
+            raise RuntimeError(log_path.read_text(errors="replace"))
+        yield url
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def recording_proxy(llama_server: str) -> RecordingProxy:
+    return RecordingProxy(llama_server)
+
+
+@pytest.fixture(scope="session")
+def upstream_gateway(tmp_path_factory: pytest.TempPathFactory, model_path: Path,
+                     recording_proxy: RecordingProxy) -> Iterator[Gateway]:
+    server = Gateway(tmp_path_factory.mktemp("upstream-store"), model_path, "--engine", "upstream",
+                     "--upstream-url", recording_proxy.url + "/v1", "--tokenizer", str(model_path),
+                     "--upstream-n-ctx", "4096")
+    server.proxy = recording_proxy
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["llama", "upstream"])
+def any_gateway(request: pytest.FixtureRequest) -> Gateway:
+    """The same compression and recall tests run against both engines."""
+    return request.getfixturevalue("gateway" if request.param == "llama" else "upstream_gateway")

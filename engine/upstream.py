@@ -1,0 +1,269 @@
+"""An existing OpenAI-compatible serving engine (vLLM, SGLang, llama.cpp server) over HTTP.
+
+The gateway keeps doing what it alone does — sessions, compression, recall, byte-identical history
+— and forwards the rewritten conversation to the upstream's Chat Completions endpoint, whose own
+prefix cache then sees a stable prefix. KV persistence is the upstream's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillDone, PreparedPrompt
+from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCall, ToolCallDelta, ToolSpec, Usage
+
+log = logging.getLogger("pflash.upstream")
+
+# Per-message framing the upstream's chat template adds; a small over-estimate keeps the overflow
+# check on the safe side when only message text is counted.
+_MESSAGE_OVERHEAD = 8
+
+
+@dataclass(frozen=True)
+class UpstreamOptions:
+    base_url: str  # e.g. http://127.0.0.1:8000/v1
+    api_key: str | None = None
+    model: str | None = None
+    timeout: float = 600.0
+    retries: int = 2
+    n_ctx: int | None = None  # None: ask the upstream (/v1/models max_model_len, /props n_ctx)
+
+
+def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        item: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ]
+            # Content stays a string even when empty: some servers reject null beside tool_calls.
+        if m.role == "tool":
+            item["tool_call_id"] = m.tool_call_id
+        out.append(item)
+    return out
+
+
+def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
+            for t in tools]
+
+
+class UpstreamEngine:
+    def __init__(self, options: UpstreamOptions, count_tokens: Callable[[str], int], tokenizer_name: str) -> None:
+        self._opts = options
+        self._base = options.base_url.rstrip("/")
+        if not self._base.endswith("/v1"):
+            self._base += "/v1"
+        self._root = self._base[: -len("/v1")]
+        self._local_count = count_tokens
+        self._tokenize_route: tuple[str, str] | None = None
+        self.model_id = options.model or "upstream"
+        self.n_ctx = options.n_ctx or 0
+        self.fingerprint = f"upstream|{self._base}|{self.model_id}"
+        self._session: aiohttp.ClientSession | None = None
+        self._counters: dict[str, float] = {"upstream_requests": 0, "upstream_errors": 0, "upstream_retries": 0}
+        log.info("upstream %s; line-level token counts from %s", self._base, tokenizer_name)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._opts.api_key}"} if self._opts.api_key else {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self._opts.timeout, sock_connect=10)
+            self._session = aiohttp.ClientSession(timeout=timeout, headers=self._headers())
+        return self._session
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Learn the model name, context size and a tokenizer route; a down upstream is not fatal."""
+        try:
+            async with self.session.get(self._base + "/models") as response:
+                data = await response.json(content_type=None)
+            entries = data.get("data") or []
+            if entries and not self._opts.model:
+                self.model_id = str(entries[0].get("id", self.model_id))
+            if entries and not self.n_ctx:
+                self.n_ctx = int(entries[0].get("max_model_len") or 0)
+            if not self.n_ctx:
+                async with self.session.get(self._root + "/props") as response:
+                    if response.status == 200:
+                        props = await response.json(content_type=None)
+                        self.n_ctx = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("upstream not reachable at start (%s); will retry per request", exc)
+        self.n_ctx = self.n_ctx or 32768
+        await self._find_tokenize_route()
+
+    async def _find_tokenize_route(self) -> None:
+        for path, field in (("/tokenize", "prompt"), ("/tokenize", "content"), ("/extras/tokenize", "input")):
+            try:
+                body = {field: "hello world"} | ({"model": self.model_id} if field == "prompt" else {})
+                async with self.session.post(self._root + path, json=body) as response:
+                    data = await response.json(content_type=None)
+                if response.status == 200 and isinstance(data.get("tokens"), list):
+                    self._tokenize_route = (path, field)
+                    log.info("prompt tokens counted by the upstream's %s", path)
+                    return
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+                continue
+        log.info("upstream has no tokenizer endpoint: prompt tokens counted locally")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._counters)
+
+    # --- tokens ------------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return self._local_count(text)
+
+    async def _count_remote(self, text: str) -> int | None:
+        if self._tokenize_route is None:
+            return None
+        path, field = self._tokenize_route
+        body = {field: text} | ({"model": self.model_id} if field == "prompt" else {})
+        try:
+            async with self.session.post(self._root + path, json=body) as response:
+                data = await response.json(content_type=None)
+            return len(data["tokens"]) if response.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+            return None
+
+    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
+        text = "\n".join(m.content for m in messages) + (json.dumps(to_openai_tools(tools)) if tools else "")
+        counted = await self._count_remote(text)
+        if counted is None:
+            counted = await asyncio.to_thread(self._local_count, text)
+        n_tokens = counted + _MESSAGE_OVERHEAD * len(messages)
+        return PreparedPrompt(tuple(messages), tuple(tools), n_tokens)
+
+    # --- generation --------------------------------------------------------------------------------
+    def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
+        return self._stream(session_id, prompt, params)
+
+    async def _stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
+        body: dict[str, Any] = {
+            "model": self._opts.model or self.model_id,
+            "messages": to_openai_messages(prompt.messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens or max(1, self.n_ctx - prompt.n_tokens),
+            "user": session_id[:32],  # lets an upstream route a session to the same replica
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if prompt.tools:
+            body["tools"] = to_openai_tools(prompt.tools)
+        self._counters["upstream_requests"] += 1
+        response = await self._post_with_retries(body)
+        calls: dict[int, dict[str, str]] = {}
+        text_parts: list[str] = []
+        usage: dict[str, Any] | None = None
+        finish = "stop"
+        started = False
+        try:
+            async for data in _sse_data(response):
+                if not started:
+                    started = True
+                    yield PrefillDone(prompt.n_tokens, 0, "upstream")
+                if data.get("error"):
+                    raise EngineRejected(502, f"upstream error: {data['error']}")
+                usage = data.get("usage") or usage
+                for choice in data.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        text_parts.append(delta["content"])
+                        yield TextDelta(delta["content"])
+                    for call in delta.get("tool_calls") or []:
+                        slot = calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
+                        fn = call.get("function") or {}
+                        slot["id"] = call.get("id") or slot["id"]
+                        slot["name"] += fn.get("name") or ""
+                        slot["arguments"] += fn.get("arguments") or ""
+                    finish = choice.get("finish_reason") or finish
+        finally:
+            response.release()
+        if not started:
+            yield PrefillDone(prompt.n_tokens, 0, "upstream")
+        for index in sorted(calls):
+            slot = calls[index]
+            call_id = slot["id"] if slot["id"] and slot["id"].replace("_", "").replace("-", "").isalnum() else f"call_{index}_{int(time.time() * 1000)}"
+            yield ToolCallDelta(index, ToolCall(call_id, slot["name"], slot["arguments"] or "{}"))
+        prompt_tokens = int((usage or {}).get("prompt_tokens") or prompt.n_tokens)
+        completion_tokens = int((usage or {}).get("completion_tokens") or self._local_count("".join(text_parts)))
+        cached = int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        reason = "tool_calls" if calls else ("length" if finish == "length" else "stop")
+        yield Finished(reason, Usage(prompt_tokens, completion_tokens, cached))  # type: ignore[arg-type]
+
+    async def _post_with_retries(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        delay = 0.25
+        for attempt in range(self._opts.retries + 1):
+            try:
+                response = await self.session.post(self._base + "/chat/completions", json=body)
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                # Retry connect errors only: a request the upstream saw must not be sent twice.
+                if attempt == self._opts.retries or not isinstance(exc, aiohttp.ClientConnectorError):
+                    self._counters["upstream_errors"] += 1
+                    raise EngineUnavailable(f"upstream {self._base} unreachable: {exc}") from exc
+                self._counters["upstream_retries"] += 1
+                await asyncio.sleep(delay)
+                delay *= 2
+                continue
+            if response.status >= 400:
+                text = await response.text()
+                response.release()
+                self._counters["upstream_errors"] += 1
+                raise _rejection(response.status, text)
+            return response
+        raise EngineUnavailable(f"upstream {self._base} unreachable")
+
+
+def _rejection(status: int, text: str) -> EngineRejected:
+    try:
+        error = json.loads(text).get("error") or {}
+        message = error.get("message") if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        message = text[:500]
+    message = message or f"upstream answered {status}"
+    lowered = message.lower()
+    if status in (400, 413) and ("context" in lowered or "too long" in lowered or "maximum" in lowered):
+        return EngineRejected(400, message, "context_length_exceeded")
+    if 400 <= status < 500:
+        return EngineRejected(400 if status != 429 else 429, f"upstream rejected the request: {message}")
+    return EngineRejected(502, f"upstream error {status}: {message}")
+
+
+async def _sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an SSE stream's `data:` lines, until [DONE]."""
+    async for raw in response.content:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            yield data
