@@ -127,7 +127,7 @@ class LlamaEngine:
         self._current: str | None = None  # session whose KV the context holds
         self._counters: dict[str, float] = {
             "prefill_tokens_evaluated": 0, "prefill_tokens_reused": 0, "restore_failures": 0,
-            "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0,
+            "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0, "prefix_reuse_refused": 0,
         }
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
                  self.template.sha256[:12])
@@ -275,6 +275,8 @@ class LlamaEngine:
         while common < limit and ids[common] == tokens[common]:
             common += 1
         if cached - common > self._max_rollback:
+            # Counted: after a restore this is a restore that did not save the prefill.
+            self._counters["prefix_reuse_refused"] += 1
             log.info("prefix diverges %d tokens before the cache end: full prefill", cached - common)
             return 0
         return common
@@ -284,12 +286,15 @@ class LlamaEngine:
             return "context"
         self._stash_current()
         self._current = session_id
+        started = time.perf_counter()  # fetch (disk read, zstd) + restore: what a resume costs
         found = self._tier.fetch(session_id) if self._tier else None
         if found is None:
             return "none"
         state, tier_name = found
         if self._restore(state):
             self._counters[f"restores_{tier_name}"] += 1
+            log.info("session %s: KV restored from %s (%d tokens, %.1f MB) in %.3f s", session_id[:12], tier_name,
+                     len(state.tokens), len(state.blob) / 1e6, time.perf_counter() - started)
             return tier_name
         self._counters["restore_failures"] += 1
         log.warning("KV restore for session %s failed: full prefill", session_id[:12])

@@ -1,0 +1,304 @@
+"""Timing measurements against live gateways (side by side in one run, reported as ratios):
+gateway overhead vs llama-cpp-python direct, resume-from-disk vs full prefill, time to first token
+with compression vs full prefill, and throughput under concurrent sessions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+import zstandard
+
+from gateway.process import GatewayProcess
+from sessions.store import KV, META
+
+Progress = Callable[[str], None]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def chat(url: str, session: str, messages: list[dict[str, Any]], max_tokens: int = 1,
+         timeout: float = 900) -> tuple[float, dict[str, Any], httpx.Headers]:
+    """One non-stream turn; with max_tokens=1 its wall time is the time to first token."""
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    started = time.perf_counter()
+    response = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=timeout)
+    elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed, response.json(), response.headers
+
+
+def ttft_stream(url: str, session: str, messages: list[dict[str, Any]], timeout: float = 1200) -> tuple[float, httpx.Headers]:
+    """Time from sending to the first content (or tool-call) chunk of a streamed turn."""
+    body = {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session},
+                      timeout=timeout) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if choices and (choices[0]["delta"].get("content") or choices[0]["delta"].get("tool_calls")
+                            or choices[0].get("finish_reason")):
+                return time.perf_counter() - started, response.headers
+    return time.perf_counter() - started, response.headers
+
+
+# --- realistic agent histories ------------------------------------------------------------------
+
+def agent_history(sessions: list[dict[str, Any]], target_tokens: int, count: Callable[[str], int]) -> list[dict[str, str]]:
+    """A coding-agent history of about target_tokens: real sessions' messages, in order, stitched."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a software engineering agent. "
+                                       "You solve issues by running one bash command per turn."}]
+    total = count(messages[0]["content"])
+    for session in sessions:
+        for message in session["messages"]:
+            if message["role"] not in ("user", "assistant"):
+                continue
+            text = message["content"][:6000]
+            tokens = count(text) + 6
+            if total + tokens > target_tokens:
+                if messages[-1]["role"] == "assistant":
+                    messages.append({"role": "user", "content": "Continue."})
+                return messages
+            if messages[-1]["role"] == message["role"]:
+                messages[-1]["content"] += "\n" + text
+            else:
+                messages.append({"role": message["role"], "content": text})
+            total += tokens
+    if messages[-1]["role"] != "user":
+        messages.append({"role": "user", "content": "Continue."})
+    return messages
+
+
+# --- overhead: gateway vs llama-cpp-python direct ---------------------------------------------
+
+@dataclass
+class OverheadResult:
+    direct_ms: list[float]
+    gateway_ms: list[float]
+
+
+def measure_overhead(model: Path, work: Path, turns: int, progress: Progress) -> OverheadResult:
+    """A short cached turn (a few new tokens on a cached ~300-token prefix, one output token),
+    through the gateway over HTTP and with llama-cpp-python called directly, interleaved."""
+    from llama_cpp import Llama
+
+    from engine.chat_templates import builtin_template
+    from policies.conversation import Message
+
+    template = builtin_template("gemma")
+    base = [Message("system", "You are a helpful coding assistant. " * 20)]
+    threads = os.cpu_count() or 1  # the gateway uses every core too
+    llm = Llama(model_path=str(model), n_ctx=4096, n_threads=threads, n_threads_batch=threads, swa_full=False,
+                verbose=False, seed=0)
+    server = GatewayProcess(work / "overhead-store", "--model", str(model), "--n-ctx", "4096")
+    direct: list[float] = []
+    through: list[float] = []
+    history = [{"role": "system", "content": base[0].content}]
+    try:
+        for i in range(turns + 3):
+            question = f"Question {i}: what is {i} + {i}?"
+            # Direct: render, tokenize, evaluate past the common prefix, sample one token.
+            started = time.perf_counter()
+            text = template.render([*base, Message("user", question)], [], add_generation_prompt=True)
+            tokens = llm.tokenize(text.encode(), add_bos=True, special=True)
+            common = 0
+            while common < min(llm.n_tokens, len(tokens) - 1) and llm.input_ids[common] == tokens[common]:
+                common += 1
+            llm.n_tokens = common
+            llm.eval(tokens[common:])
+            sampler = llm._init_sampler(temp=0.0)
+            sampler.sample(llm._ctx, -1)
+            direct_s = time.perf_counter() - started
+            gateway_s, _body, _headers = chat(server.url, "overhead", [*history, {"role": "user", "content": question}])
+            if i >= 3:  # warm-up turns excluded
+                direct.append(direct_s * 1000)
+                through.append(gateway_s * 1000)
+            progress(f"overhead {i + 1}/{turns + 3}")
+    finally:
+        server.stop()
+    return OverheadResult(direct, through)
+
+
+# --- resume after restart ------------------------------------------------------------------------
+
+@dataclass
+class ResumeResult:
+    tokens: int
+    full_prefill_s: float
+    resume_s: float
+    restored_from: str
+    kv_raw_bytes: int
+    kv_zstd_planes_bytes: int
+    kv_zstd_plain_bytes: int
+    kv_tokens: int
+    store_save_s: float
+    store_load_s: float
+
+
+def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx: int, progress: Progress) -> ResumeResult:
+    from engine.base import SavedState
+    from sessions.record import SessionRecord
+    from sessions.store import SessionStore, join_planes
+
+    flags = ("--model", str(model), "--n-ctx", str(n_ctx), "--threshold", "1000000000")
+    session = "resume-" + uuid.uuid4().hex
+    store = work / f"resume-{uuid.uuid4().hex[:8]}"
+    server = GatewayProcess(store, *flags)
+    try:
+        _t, first, _h = chat(server.url, session, history, max_tokens=8)
+    finally:
+        server.stop(signal.SIGTERM)
+    progress("stopped (flushed)")
+    reply = first["choices"][0]["message"]["content"] or ""
+    follow = [*history, {"role": "assistant", "content": reply},
+              {"role": "user", "content": "Summarise what you found so far in one sentence."}]
+
+    path = next(p for p in (store / "sessions").glob("*/*") if p.is_dir())
+    meta = msgpack.unpackb((path / META).read_bytes(), raw=False)
+    packed = (path / KV).read_bytes()
+    raw = join_planes(zstandard.ZstdDecompressor().decompress(packed, max_output_size=meta["kv"]["raw_bytes"]),
+                      meta["kv"]["raw_bytes"])
+    plain = len(zstandard.ZstdCompressor(level=1).compress(raw))
+    # Store save/load times on this real state, outside the server.
+    probe = SessionStore(work / "probe-store", "probe", zstd_level=1)
+    record = SessionRecord(session_id=hashlib.sha256(session.encode()).hexdigest(), tenant="")
+    state = SavedState(tuple(meta["kv"]["tokens"]), raw)
+    started = time.perf_counter()
+    probe.save(record, state)
+    save_s = time.perf_counter() - started
+    started = time.perf_counter()
+    probe.load_state(record.session_id)
+    load_s = time.perf_counter() - started
+
+    resumed = GatewayProcess(store, *flags)
+    try:
+        resume_s, _headers = ttft_stream(resumed.url, session, follow)
+        restored = re.search(r"KV restored from (\w+)", resumed.log())
+    finally:
+        resumed.stop()
+    progress("resumed")
+    fresh = GatewayProcess(work / f"fresh-{uuid.uuid4().hex[:8]}", *flags)
+    try:
+        full_s, _headers = ttft_stream(fresh.url, session, follow)
+    finally:
+        fresh.stop()
+    progress("full prefill")
+    return ResumeResult(
+        tokens=int(first["usage"]["prompt_tokens"]), full_prefill_s=full_s, resume_s=resume_s,
+        restored_from=restored.group(1) if restored else "none", kv_raw_bytes=len(raw),
+        kv_zstd_planes_bytes=len(packed), kv_zstd_plain_bytes=plain, kv_tokens=len(meta["kv"]["tokens"]),
+        store_save_s=save_s, store_load_s=load_s,
+    )
+
+
+# --- time to first token with compression --------------------------------------------------------
+
+@dataclass
+class TtftResult:
+    tool_tokens: int
+    full_s: float
+    compressed_s: float
+    kept_tokens: int
+    scorer: str
+    scorer_s: float
+    prompt_tokens_full: int
+    prompt_tokens_compressed: int
+
+
+def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str,
+                 progress: Progress) -> TtftResult:
+    """One agent turn whose new tool output is `output`: served whole (threshold out of reach) and
+    compressed (threshold at its default), each on a fresh gateway, scorer time included."""
+    messages = [
+        {"role": "system", "content": "You are a software engineering agent."},
+        {"role": "user", "content": request},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat log"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+    common = ("--model", str(model), "--n-ctx", str(n_ctx), "--scorer", scorer)
+    results: dict[str, tuple[float, httpx.Headers, int]] = {}
+    for label, extra in (("compressed", ("--threshold", "16384")), ("full", ("--threshold", "1000000000"))):
+        server = GatewayProcess(work / f"ttft-{label}-{uuid.uuid4().hex[:8]}", *common, *extra)
+        try:
+            elapsed, headers = ttft_stream(server.url, "ttft", messages)
+            usage = httpx.get(f"{server.url}/v1/sessions/ttft").json()
+            results[label] = (elapsed, headers, int(usage.get("counters", {}).get("prompt_tokens", 0)))
+        finally:
+            server.stop()
+        progress(label)
+    headers = results["compressed"][1]
+    return TtftResult(
+        tool_tokens=int(headers.get("X-PFlash-Original-Tokens", 0)),
+        full_s=results["full"][0], compressed_s=results["compressed"][0],
+        kept_tokens=int(headers.get("X-PFlash-Kept-Tokens", 0)), scorer=headers.get("X-PFlash-Scorer", scorer),
+        scorer_s=float(headers.get("X-PFlash-Scorer-Ms", 0)) / 1000,
+        prompt_tokens_full=results["full"][2], prompt_tokens_compressed=results["compressed"][2],
+    )
+
+
+# --- load: concurrent sessions -------------------------------------------------------------------
+
+@dataclass
+class LoadResult:
+    sessions: int
+    requests: int
+    errors: int
+    seconds: float
+    latencies_ms: list[float]
+
+
+def measure_load(url: str, sessions: int, turns: int) -> LoadResult:
+    """`sessions` clients, each running `turns` short cached turns of its own session at once."""
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+
+    run = uuid.uuid4().hex[:8]
+
+    def client(index: int) -> None:
+        nonlocal errors
+        history = [{"role": "system", "content": "You are a helpful assistant. " * 10}]
+        for turn in range(turns):
+            history.append({"role": "user", "content": f"Client {index}, turn {turn}: say ok."})
+            try:
+                elapsed, body, _headers = chat(url, f"load-{run}-{index}", history, max_tokens=2, timeout=300)
+                history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"] or ""})
+                with lock:
+                    latencies.append(elapsed * 1000)
+            except httpx.HTTPError:
+                with lock:
+                    errors += 1
+                history.pop()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    return LoadResult(sessions, sessions * turns, errors, time.perf_counter() - started, latencies)
+
+
+def summary_ms(values: Sequence[float]) -> tuple[float, float]:
+    return (statistics.median(values), percentile(values, 99)) if values else (float("nan"), float("nan"))
