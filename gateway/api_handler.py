@@ -89,7 +89,13 @@ async def handle_turn(
         conv = await parse_conversation(request, adapter)
     tenant = request.get(TENANT, "")
     async with state.limiter.slot(tenant):
-        turn = await state.turns.prepare(conv, tenant)
+        try:
+            turn = await state.turns.prepare(conv, tenant)
+        except ApiError as err:
+            if conv.stream and adapter.flavor == "responses" and err.code == "context_length_exceeded":
+                # Codex reads overflow from a `response.failed` event (and then compacts).
+                return await _failed_stream(request, adapter, conv, err)
+            raise
         try:
             events = state.turns.stream(turn)
         except EngineBusy as exc:
@@ -217,6 +223,15 @@ async def _tap_reply(events: AsyncIterator[EngineEvent], done: Callable[[Message
             yield event
     finally:
         await _close(events)  # closing this wrapper must still end the engine turn
+
+
+async def _failed_stream(request: web.Request, adapter: ApiAdapter, conv: Conversation, err: ApiError) -> web.StreamResponse:
+    encoder = adapter.stream_encoder(conv, f"{adapter.id_prefix}{secrets.token_hex(12)}", int(time.time()))
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    await response.write(encoder.begin(0, 0))
+    await _write_quietly(response, encoder.error(err))
+    return response
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
