@@ -209,7 +209,7 @@ class LlamaEngine:
 
     # --- worker thread ---------------------------------------------------------------------------
     def _run(self, job: _Job) -> None:
-        if job.cancelled.is_set():
+        if job.cancelled.is_set() or self._closing:  # shutting down: queued turns are not started
             job.emit(_RawDone("cancelled", 0, None))
             return
         try:
