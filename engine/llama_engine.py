@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.base import EngineBusy, EngineEvent, PrefillDone, PreparedPrompt, SavedState, StateTier
+from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone, PreparedPrompt, SavedState, StateTier
 from engine.chat_templates import ChatTemplate, select_template
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
@@ -209,8 +209,11 @@ class LlamaEngine:
 
     # --- worker thread ---------------------------------------------------------------------------
     def _run(self, job: _Job) -> None:
-        if job.cancelled.is_set() or self._closing:  # shutting down: queued turns are not started
+        if job.cancelled.is_set():
             job.emit(_RawDone("cancelled", 0, None))
+            return
+        if self._closing:  # queued turns are not started once shutdown begins; the client may retry
+            job.emit(_RawError(EngineUnavailable("the server is shutting down")))
             return
         try:
             self._generate(job)
