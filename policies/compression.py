@@ -21,7 +21,7 @@ from policies.rendering import (
     kept_ranges_from_units,
 )
 from policies.segmentation import Unit, check_units
-from policies.selection import DEFAULT_SPREAD_THRESHOLD, relevance_spread, select_units, validate_scores
+from policies.selection import DEFAULT_SPREAD_THRESHOLD, relevance_mass, relevance_spread, select_units, validate_scores
 
 REASON_COMPRESSED = "compressed"
 REASON_FLAT = "flat_relevance"
@@ -86,12 +86,13 @@ def plan_compression(
         k for k, u in enumerate(units)
         if pinned_lines is not None and u.first <= pinned_lines[1] and u.last >= pinned_lines[0]
     )
-    kept_ranges = kept_ranges_from_units(units, select_units(units, scores, budget_tokens, pinned))
+    relevance = relevance_mass(scores)  # above the background: see relevance_mass
+    kept_ranges = kept_ranges_from_units(units, select_units(units, relevance, budget_tokens, pinned))
     # Checked before flatness: with a budget covering everything, any relevance is "flat".
     if kept_ranges == ((0, n - 1),):
         return _whole(text, n, total, REASON_NOTHING_OMITTED)
     fraction = min(budget_tokens / total, 1.0) if total > 0 else 1.0
-    if relevance_spread(scores, [u.tokens for u in units], fraction) < spread_threshold:
+    if relevance_spread(relevance, [u.tokens for u in units], fraction) < spread_threshold:
         return _whole(text, n, total, REASON_FLAT)
     kept_tokens = sum(sum(line_tokens[a : b + 1]) for a, b in kept_ranges)
     shown = sum(b - a + 1 for a, b in kept_ranges)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from policies.rendering import Range, line_span_label
 from policies.segmentation import Unit
+from policies.selection import relevance_mass
 
 DEFAULT_THETA = 0.075
 DEFAULT_RECALL_BUDGET = 2048
@@ -36,22 +37,6 @@ def omitted_flags(units: Sequence[Unit], kept_ranges: Sequence[Range]) -> list[b
         kept = any(a <= u.last and b >= u.first for a, b in kept_ranges)
         flags.append(not kept)
     return flags
-
-
-def relevance_mass(scores: Sequence[float]) -> list[float]:
-    """Each unit's share-able relevance: its score above the median unit's, never negative.
-
-    A term every unit shares (a variable name repeated in each function, a word like "total")
-    gives every unit a small score; summed over hundreds of omitted units that background would
-    look like a large omitted share and trigger recall for nothing. Only what rises above the
-    typical unit says where the answer is.
-    """
-    clean = sorted(max(float(s), 0.0) for s in scores)
-    if not clean:
-        return []
-    mid = len(clean) // 2
-    median = clean[mid] if len(clean) % 2 else (clean[mid - 1] + clean[mid]) / 2
-    return [max(max(float(s), 0.0) - median, 0.0) for s in scores]
 
 
 def decide_recall(

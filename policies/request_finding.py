@@ -34,13 +34,20 @@ class RequestText:
     pinned_lines: tuple[int, int] | None
 
 
-def _trim(text: str, limit: int, count_tokens: CountTokens, keep: Literal["head", "tail"]) -> str:
-    """The longest head (or tail) of `text` within `limit` tokens: whole words, else characters."""
+def _trim(text: str, limit: int, count_tokens: CountTokens, keep: Literal["head", "tail", "ends"]) -> str:
+    """The longest head (or tail) of `text` within `limit` tokens: whole words, else characters.
+    "ends" keeps both: a long user message puts its subject first (an issue's title) and its
+    question last."""
     text = text.strip()
     if limit <= 0 or not text:
         return ""
     if count_tokens(text) <= limit:
         return text
+    if keep == "ends":
+        head = _trim(text, limit // 2, count_tokens, "head")
+        rest = text[len(head):] if text.startswith(head) else text
+        tail = _trim(rest, limit - count_tokens(head) - 1, count_tokens, "tail")
+        return f"{head}\n{tail}" if head and tail else head or tail
     spans = [m.span() for m in re.finditer(r"\S+", text)]
 
     def by_words(k: int) -> str:
@@ -65,7 +72,7 @@ def _trim(text: str, limit: int, count_tokens: CountTokens, keep: Literal["head"
 
 
 def _assemble(
-    parts: Sequence[tuple[int, str, Literal["head", "tail", "whole"]]],
+    parts: Sequence[tuple[int, str, Literal["head", "tail", "ends", "whole"]]],
     order: Sequence[int],
     max_tokens: int,
     count_tokens: CountTokens,
@@ -121,14 +128,14 @@ def _tool_request(
 ) -> RequestText:
     target = messages[target_index]
     # (position in the conversation, text, how to trim), listed by priority.
-    parts: list[tuple[int, str, Literal["head", "tail", "whole"]]] = []
+    parts: list[tuple[int, str, Literal["head", "tail", "ends", "whole"]]] = []
     found = _producing_call(messages, target_index, target.tool_call_id, target.name)
     if found is not None:
         i, call = found
         parts.append((2 * i + 1, f"{call.name} {call.arguments}", "head"))
     user = _latest(messages, target_index, "user")
     if user is not None:
-        parts.append((2 * user[0], user[1], "tail"))
+        parts.append((2 * user[0], user[1], "ends"))
     if found is not None and messages[found[0]].content.strip():
         parts.append((2 * found[0], messages[found[0]].content, "tail"))
     system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
@@ -228,7 +235,7 @@ def _user_request(
     parts = []
     user = _latest(messages, target_index, "user")
     if user is not None:
-        parts.append((2 * user[0], user[1], "tail"))
+        parts.append((2 * user[0], user[1], "ends"))
     assistant = _latest(messages, target_index, "assistant")
     if assistant is not None:
         parts.append((2 * assistant[0], assistant[1], "tail"))

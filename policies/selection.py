@@ -18,6 +18,28 @@ def _density(score: float, tokens: int) -> float:
     return score / tokens
 
 
+def relevance_mass(scores: Sequence[float]) -> list[float]:
+    """Each unit's relevance above the median unit's, never negative (non-finite counts as 0).
+
+    Scorers have a background: a term every unit shares gives each a little BM25; a drafter's
+    cosine similarities sit in a narrow band far from 0. Summed over hundreds of units that
+    background looks like spread-out relevance (compression would call it flat; the recall gate
+    would see a large omitted share). Only what rises above the typical unit says where the
+    answer is. Shift- and scale-free, so any scorer's raw values can be compared this way.
+    """
+    clean = sorted(_finite(s) for s in scores)
+    if not clean:
+        return []
+    mid = len(clean) // 2
+    median = clean[mid] if len(clean) % 2 else (clean[mid - 1] + clean[mid]) / 2
+    return [max(_finite(s) - median, 0.0) for s in scores]
+
+
+
+def _finite(score: float) -> float:
+    return float(score) if math.isfinite(score) else 0.0
+
+
 def select_units(
     units: Sequence[Unit],
     scores: Sequence[float],

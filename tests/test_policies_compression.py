@@ -75,10 +75,15 @@ def test_flat_relevance_serves_whole() -> None:
     lines = split_lines(text)
     lt = line_tokens_of(lines)
     units = segment(lines, lt)
-    flat = [float(u.tokens) for u in units]  # relevance proportional to size
+    # Every unit at the background level (a scorer that saw nothing): nothing stands out.
+    flat = [0.83] * len(units)
     plan = plan_compression(text, lt, flat, units, sum(lt) // 3)
     assert (plan.compressed, plan.reason) == (False, "flat_relevance")
-    assert plan_compression(text, lt, flat, units, sum(lt) // 3, spread_threshold=0.0).compressed
+    # The same band with one unit clearly above it: peaked, whatever the scale and offset.
+    peaked = list(flat)
+    peaked[len(units) // 2] = 0.95
+    assert plan_compression(text, lt, peaked, units, sum(lt) // 3).compressed
+    assert plan_compression(text, lt, [1000 * s - 7 for s in peaked], units, sum(lt) // 3).compressed
 
 
 def test_nothing_omitted_and_no_gain() -> None:

@@ -140,3 +140,13 @@ def test_scored_text_fits_and_pin_is_in_bounds(paste: str, ask: str, limit: int)
     t = find_request(msgs + [Message("tool", paste, tool_call_id="i")], 3, words, max_scored_tokens=limit)
     assert words(t.scored) <= limit and t.pinned_lines is None
     assert find_request(msgs, 2, words, max_scored_tokens=limit) == r
+
+
+def test_long_task_keeps_its_subject_and_its_last_words() -> None:
+    issue = "QuerySet.union breaks ordering on annotated fields\n" + "filler words here " * 200 + "\nPlease fix compile_union."
+    messages = [Message("user", issue), Message("assistant", "", (ToolCall("c1", "bash", '{"cmd": "ls"}'),)),
+                Message("tool", "out\n" * 50, tool_call_id="c1")]
+    scored = find_request(messages, 2, words, 64).scored
+    assert "QuerySet.union breaks ordering" in scored  # the title, which a tail-only cut loses
+    assert "Please fix compile_union." in scored  # ... and its ask (the tool call follows it)
+    assert words(scored) <= 64
