@@ -4,7 +4,9 @@ path and `pflash-gateway compress`, so the preview is exactly what a request wou
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -12,11 +14,14 @@ from engine.scorers import Scorer
 from policies.budget import parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
 from policies.conversation import Message
+from policies.kept_lines import content_hash
 from policies.rendering import split_lines
 from policies.request_finding import find_request
 from policies.segmentation import Unit, segment
 
 log = logging.getLogger("pflash.compress")
+
+_SEGMENT_CACHE_ENTRIES = 32  # long messages whose segmentation is kept for the recall gate
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,27 @@ class MessageCompressor:
         self.scorer = scorer
         self.settings = settings
         self._curve = parse_curve(settings.budget_curve)
+        self._segments: OrderedDict[str, tuple[list[str], list[int], list[Unit]]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def segment_message(self, text: str) -> tuple[list[str], list[int], list[Unit]]:
         """Lines, tokens per line and units: a pure function of the text, so recall re-derives
-        exactly the units compression chose from."""
+        exactly the units compression chose from. Cached: a follow-up's recall gate must not
+        re-tokenize the long messages it scores (only the new question is new work)."""
+        key = content_hash(text)
+        with self._lock:
+            hit = self._segments.get(key)
+            if hit is not None:
+                self._segments.move_to_end(key)
+                return hit
         lines = split_lines(text)
         line_tokens = [self.count_tokens(line) for line in lines]
-        return lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment)
+        result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment))
+        with self._lock:
+            self._segments[key] = result
+            while len(self._segments) > _SEGMENT_CACHE_ENTRIES:
+                self._segments.popitem(last=False)
+        return result
 
     def compress(
         self, messages: Sequence[Message], index: int, tokens: int, keep_ratio: float | None = None

@@ -20,6 +20,7 @@ from policies.selection import relevance_mass
 
 DEFAULT_THETA = 0.075
 DEFAULT_RECALL_BUDGET = 2048
+RECALL_FLOOR = 0.3  # a recalled unit holds at least this share of the best omitted unit's mass
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,10 @@ def decide_recall(
     candidates = [i for i in range(n) if omitted[i] and i not in already_recalled]
     if not candidates:
         return RecallDecision(False, share, (), "all_recalled")
-    relevant = [i for i in candidates if mass[i] > 0]
+    top = max((mass[i] for i in candidates), default=0.0)
+    # Bring back what stands out, not everything above the background: each excerpt costs
+    # prefill on the follow-up, and a unit far weaker than the best one rarely holds the answer.
+    relevant = [i for i in candidates if mass[i] > 0 and mass[i] >= RECALL_FLOOR * top]
     # Irrelevant lines only when nothing is relevant (θ = 0 asked to recall anyway).
     pool = relevant or candidates
 

@@ -19,8 +19,9 @@ def test_recall_when_omitted_share_reaches_theta() -> None:
     d = decide_recall(scores, tokens, omitted, frozenset(), theta=0.075, budget_tokens=65)
     assert d.recall and d.reason == "recall"
     assert d.omitted_share == pytest.approx(5.0 / 10.0)
-    # Densities: unit 3 (0.15) > unit 2 (0.05) > unit 1 (0.01); 10 + 60 > 65, so 3 then 1.
-    assert d.units == (1, 3)
+    # Unit 1 (0.5) is under 0.3 × the best omitted mass (3.0). Densities: unit 3 (0.15) > unit 2
+    # (0.05); 10 + 60 > 65, so only 3.
+    assert d.units == (3,)
 
 
 def test_background_scores_shared_by_every_unit_carry_no_mass() -> None:
@@ -139,3 +140,10 @@ def test_recall_over_turns_never_repeats_a_unit(n: int, seed: int, budget: int) 
         recalled = recalled | set(d.units)
     assert len(seen) == len(set(seen))
     assert recalled <= {i for i in range(n) if omitted[i]}
+
+
+def test_recall_brings_back_what_stands_out_not_the_whole_budget() -> None:
+    scores = [0.0] * 20 + [9.0, 1.0, 0.5, 8.0]
+    omitted = [False] * 20 + [True] * 4
+    d = decide_recall(scores, [10] * 24, omitted, frozenset(), theta=0.075, budget_tokens=1000)
+    assert d.units == (20, 23)  # 1.0 and 0.5 are below 0.3 × 9.0
