@@ -1,0 +1,398 @@
+"""Follow-ups that remember (issue 5, quality half): is the later turn's gold passage in what the
+model sees, kept by the first compression or brought back by the θ recall gate?
+
+Data: ../shared/data/mtrag-un-reference.jsonl.zst (IBM MTRAG, human multi-turn RAG). Each record
+is one conversation up to a turn whose gold passages are known. Replay, as a RAG agent would send
+it: the first user question, an assistant `search` call, and its long tool output mixing the
+record's gold passages with passages of other tasks of the same collection (on-topic distractors,
+seeded order); then the conversation's later turns (assistant answer, user question, ...). The
+tool output is compressed against the first question by gateway.compressor.MessageCompressor at
+the budget curve's budget, its kept-line map stored in a sessions.record.SessionRecord as the
+gateway does, and every later user question goes through gateway.recall.RecallGate.rewrite. At the
+last turn (the one with gold passages) a passage counts as present when every line of it is
+visible: kept by the compression or recalled at any turn so far (recalled excerpts stay in
+history).
+
+Conversations whose last turn has no gold passage (unanswerable) or no follow-up are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.common import (
+    BenchContext,
+    MemoScorer,
+    Section,
+    TokenCountCache,
+    default_compression_settings,
+    load_jsonl_zst,
+    md_table,
+    mean,
+    pct,
+    pyplot,
+    savefig,
+)
+
+TITLE = "Follow-ups: gold passages kept or recalled by the θ gate (issue 5)"
+DATA = "mtrag-un-reference.jsonl.zst"
+THETAS = (0.0, 0.05, 0.075, 0.10, 1.0)
+SCORERS = ("bm25", "drafter", "fusion")
+GOAL = 0.95
+CALL_ID = "call_search"
+LABEL = f"the output of search({CALL_ID})"  # what gateway.turns._source_label would write
+
+
+@dataclass
+class Replay:
+    id: str
+    collection: str
+    messages: list[Any]  # policies.conversation.Message, the client's view
+    tool_index: int
+    question_indices: list[int]  # later user turns, in order; the last has gold passages
+    gold_spans: list[tuple[int, int]]  # 0-based inclusive line spans of the gold passages' text
+    tokens: int
+    question_tokens: list[int]
+
+
+def _passage_block(k: int, doc_id: str, text: str) -> str:
+    body = "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
+    return f"[{k}] document {doc_id}\n{body}\n\n"
+
+
+def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit: int | None,
+                  seed: int) -> tuple[list[Replay], dict[str, int]]:
+    from policies.conversation import Message, ToolCall
+    from policies.rendering import split_lines
+
+    pool: dict[str, dict[str, str]] = {}  # collection -> document_id -> text
+    for r in records:
+        for c in r.get("contexts") or []:
+            pool.setdefault(r["Collection"], {}).setdefault(c["document_id"], c["text"])
+    skipped = {"no gold passage": 0, "no follow-up": 0, "not enough distractors": 0}
+    replays: list[Replay] = []
+    for r in sorted(records, key=lambda r: r["task_id"]):
+        if limit is not None and len(replays) >= limit:
+            break
+        turns = r["input"]
+        gold = {c["document_id"]: c["text"] for c in r.get("contexts") or []}
+        if not gold:
+            skipped["no gold passage"] += 1
+            continue
+        users = [i for i, t in enumerate(turns) if t["speaker"] == "user"]
+        if len(users) < 2:
+            skipped["no follow-up"] += 1
+            continue
+        rng = random.Random(f"{seed}:{r['task_id']}")
+        others = [d for d in sorted(pool[r["Collection"]]) if d not in gold]
+        rng.shuffle(others)
+        chosen = list(gold)
+        size = sum(count(t) for t in gold.values())
+        for d in others:
+            if size >= target:
+                break
+            chosen.append(d)
+            size += count(pool[r["Collection"]][d])
+        if size < target:
+            skipped["not enough distractors"] += 1
+            continue
+        rng.shuffle(chosen)  # gold passages at seeded places among the distractors
+        blocks: list[str] = []
+        spans: list[tuple[int, int]] = []
+        line_no = 0
+        for k, d in enumerate(chosen, 1):
+            block = _passage_block(k, d, gold.get(d) or pool[r["Collection"]][d])
+            n = len(split_lines(block))
+            if d in gold:
+                spans.append((line_no + 1, line_no + n - 2))  # the text lines: header and blank excluded
+            blocks.append(block)
+            line_no += n
+        text = "".join(blocks)
+        first_q = turns[users[0]]["text"]
+        messages = [
+            Message("user", first_q),
+            Message("assistant", "", (ToolCall(CALL_ID, "search", json.dumps({"query": first_q})),)),
+            Message("tool", text, tool_call_id=CALL_ID, name="search"),
+        ]
+        question_indices: list[int] = []
+        for t in turns[users[0] + 1 :]:
+            if t["speaker"] == "user":
+                question_indices.append(len(messages))
+                messages.append(Message("user", t["text"]))
+            else:
+                messages.append(Message("assistant", t["text"]))
+        if not question_indices or messages[-1].role != "user":
+            skipped["no follow-up"] += 1
+            continue
+        replays.append(Replay(r["task_id"], r["Collection"], messages, 2, question_indices, spans, count(text),
+                              [count(messages[i].content) for i in question_indices]))
+    return replays, skipped
+
+
+# --- replaying ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ThetaResult:
+    present_all: list[bool] = field(default_factory=list)  # per replay: every gold passage visible
+    present_any: list[bool] = field(default_factory=list)
+    passage_share: list[float] = field(default_factory=list)  # per replay: share of gold passages visible
+    added_tokens: list[int] = field(default_factory=list)  # per follow-up
+    fired: list[bool] = field(default_factory=list)  # per follow-up
+    final_fired: list[bool] = field(default_factory=list)  # per replay: recall at the gold turn
+
+
+@dataclass
+class ScorerResult:
+    thetas: dict[float, ThetaResult] = field(default_factory=lambda: {t: ThetaResult() for t in THETAS})
+    kept_all: list[bool] = field(default_factory=list)  # gold fully kept by compression alone
+    whole: int = 0  # replays whose long output was served whole
+    reasons: dict[str, int] = field(default_factory=dict)
+    compress_seconds: list[float] = field(default_factory=list)
+    compress_tokens: list[int] = field(default_factory=list)
+    omitted_tokens: list[int] = field(default_factory=list)  # per replay: what compression left out
+    gate_seconds: list[float] = field(default_factory=list)  # per follow-up, first (unmemoised) pass
+    gate_tokens_read: list[int] = field(default_factory=list)  # per follow-up: tokens the drafter read
+    replays: int = 0
+
+
+def _visible(n_lines: int, kept: Sequence[tuple[int, int]], recalled: Sequence[tuple[int, int]]) -> list[bool]:
+    seen = [False] * n_lines
+    for a, b in [*kept, *recalled]:
+        for i in range(a, b + 1):
+            seen[i] = True
+    return seen
+
+
+def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, result: ScorerResult) -> None:
+    from gateway.compressor import MessageCompressor
+    from gateway.recall import RecallGate
+    from policies.kept_lines import KeptLineMap, content_hash
+    from policies.rendering import split_lines
+    from sessions.record import SessionRecord
+
+    memo.clear()
+    # Cold for the compression and the first θ pass (timed, as the gateway pays it: the gate
+    # re-segments the output each follow-up), warm for the other θ values.
+    counter = TokenCountCache(count)
+    compressor = MessageCompressor(counter, memo, settings)
+    text = rep.messages[rep.tool_index].content
+    n_lines = len(split_lines(text))
+    plan, report = compressor.compress(rep.messages[: rep.tool_index + 1], rep.tool_index, rep.tokens)
+    result.replays += 1
+    result.compress_seconds.append(report.total_seconds)
+    result.compress_tokens.append(rep.tokens)
+    reason = plan.reason.split(":")[0]
+    result.reasons[reason] = result.reasons.get(reason, 0) + 1
+    kept = list(plan.kept_ranges) if plan.compressed else [(0, n_lines - 1)]
+    result.omitted_tokens.append(plan.total_tokens - plan.kept_tokens if plan.compressed else 0)
+    seen = _visible(n_lines, kept, [])
+    result.kept_all.append(all(all(seen[a : b + 1]) for a, b in rep.gold_spans))
+    if not plan.compressed:
+        result.whole += 1
+    key = content_hash(text)
+    for k, theta in enumerate(THETAS):
+        record = SessionRecord(session_id=f"bench-{rep.id}", tenant="")
+        if plan.compressed:  # as gateway/turns.py records a compression
+            record.kept_maps[key] = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens,
+                                                content_hash(plan.text))
+            record.map_labels[key] = LABEL
+        counter.warm = k > 0
+        gate = RecallGate(compressor, theta, settings.recall_budget)
+        out = result.thetas[theta]
+        fired_last = False
+        for q in rep.question_indices:
+            read_before = _tokens_read(memo.inner)
+            started = time.perf_counter()
+            got = gate.rewrite(rep.messages, q, record)
+            elapsed = time.perf_counter() - started
+            if k == 0:  # later θ re-use the memoised scores: time the first pass only
+                result.gate_seconds.append(elapsed)
+                if read_before is not None:
+                    result.gate_tokens_read.append((_tokens_read(memo.inner) or 0) - read_before)
+            fired = got is not None and got[1].fired
+            out.fired.append(fired)
+            out.added_tokens.append(got[1].added_tokens if got is not None else 0)
+            fired_last = fired
+        out.final_fired.append(fired_last)
+        recalled = [(a, b) for entry in record.recall_log for (h, a, b) in entry.units if h == key]
+        seen = _visible(n_lines, kept, recalled)
+        flags = [all(seen[a : b + 1]) for a, b in rep.gold_spans]
+        out.present_all.append(all(flags))
+        out.present_any.append(any(flags))
+        out.passage_share.append(sum(flags) / len(flags))
+
+
+def _tokens_read(scorer: Any) -> int | None:
+    """Tokens the drafter has read so far (DrafterScorer counters; fusion wraps one), else None."""
+    drafter = getattr(scorer, "drafter", scorer)
+    value = getattr(drafter, "tokens_read", None)
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+# --- the section --------------------------------------------------------------------------------
+
+
+def run(ctx: BenchContext) -> Section:
+    path = ctx.data_file(DATA)
+    if path is None:
+        return Section(TITLE, f"Skipped: `{ctx.data_dir / DATA}` is missing (see ../shared/data/README.md).\n")
+    if ctx.model_path is None:
+        return Section(TITLE, f"Skipped: no tokenizer model ({ctx.model_error}).\n")
+    settings = default_compression_settings()
+    target = 3000 if ctx.quick else 16384
+    limit = ctx.sessions if ctx.sessions is not None else (12 if ctx.quick else None)
+    drafter_limit = ctx.drafter_sessions if ctx.drafter_sessions is not None else (1 if ctx.quick else 20)
+    drafter_wall = 45.0 if ctx.quick else 900.0
+
+    records = load_jsonl_zst(path)
+    started = time.perf_counter()
+    replays, skipped = build_replays(records, ctx.count_tokens, target, limit, ctx.seed)
+    build_seconds = time.perf_counter() - started
+    if not replays:
+        return Section(TITLE, f"Skipped: no usable conversation ({skipped}).\n")
+
+    results: dict[str, ScorerResult] = {}
+    notes: list[str] = []
+    for name in SCORERS:
+        if name != "bm25" and drafter_limit <= 0:  # --drafter-sessions 0: do not even load the model
+            notes.append(f"`{name}` rows skipped: --drafter-sessions 0.")
+            continue
+        scorer = ctx.scorer(name)
+        if scorer is None:
+            notes.append(f"`{name}` rows skipped: the scorer did not load ({ctx.scorer_note(name)}).")
+            continue
+        heavy = name != "bm25"
+        todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
+        if name == "fusion" and "drafter" in results:
+            todo = replays[: results["drafter"].replays]  # warm: the drafter's features are cached
+        memo = MemoScorer(scorer)
+        result = results[name] = ScorerResult()
+        t0 = time.perf_counter()
+        for rep in ctx.progress(todo, f"recall: {name}"):
+            if heavy and time.perf_counter() - t0 > drafter_wall:
+                notes.append(f"`{name}` stopped after {result.replays} conversations: its {drafter_wall:.0f} s "
+                             "wall-time cap was reached.")
+                break
+            replay_one(rep, ctx.count_tokens, memo, settings, result)
+    md, plots = _report(ctx, replays, skipped, results, notes, target, build_seconds, settings)
+    return Section(TITLE, md, plots)
+
+
+def _report(ctx: BenchContext, replays: list[Replay], skipped: dict[str, int], results: dict[str, ScorerResult],
+            notes: list[str], target: int, build_seconds: float, settings: Any) -> tuple[str, list[Any]]:
+    n = len(replays)
+    sizes = sorted(r.tokens for r in replays)
+    follow = [len(r.question_indices) for r in replays]
+    golds = [len(r.gold_spans) for r in replays]
+    qtok = [t for r in replays for t in r.question_tokens]
+    out: list[str] = [(
+        f"{n} conversations ({', '.join(f'{v} skipped: {k}' for k, v in skipped.items() if v)}); the long "
+        f"tool output mixes each conversation's gold passages with same-collection distractors to at least "
+        f"{target:,} tokens (min {sizes[0]:,}, median {int(statistics.median(sizes)):,}, max {sizes[-1]:,}); "
+        f"follow-up questions per conversation: median {statistics.median(follow):g} (max {max(follow)}); gold "
+        f"passages at the last turn: median {statistics.median(golds):g}; follow-up question length: median "
+        f"{statistics.median(qtok):g} tokens. Compression at the default budget curve against the first question; "
+        f"recall budget {settings.recall_budget:,} tokens per follow-up. Building took {build_seconds:.1f} s.\n"
+    )]
+    if ctx.quick:
+        out.append("**Quick run:** small outputs and few conversations; a smoke test of the benchmark, not a result.\n")
+
+    rows = []
+    for name, res in results.items():
+        kept_cell = pct(mean(res.kept_all)) + (f" ({res.whole} whole)" if res.whole else "")
+        rows.append([name, "compression only (no gate)", str(res.replays), kept_cell, "", "", ""])
+        for theta in THETAS:
+            t = res.thetas[theta]
+            rows.append([name, f"θ = {theta:g}", str(res.replays), pct(mean(t.present_all)), pct(mean(t.present_any)),
+                         pct(mean(t.fired)), f"{mean(t.added_tokens) or 0.0:,.0f}"])
+    out.append("Gold present at the conversation's last turn (every line of every gold passage visible: kept or "
+               "recalled at some turn; a conversation whose output was served whole counts as present), how "
+               "often the gate fired, and the prefill tokens it added to each follow-up. A warm-cache follow-up "
+               f"without recall prefills only its question (median {statistics.median(qtok):g} tokens here) and the "
+               "chat template's few tokens around it:\n")
+    out.append(md_table(["scorer", "setting", "conversations", "all gold present", "any gold present",
+                         "follow-ups recalling", "tokens added per follow-up"], rows, "llrrrrr"))
+    out.extend(f"\n{note}\n" for note in notes)
+
+    cost_rows = []
+    for name, res in results.items():
+        c_rate = sum(res.compress_seconds) / max(sum(res.compress_tokens), 1) * 1000
+        g = res.gate_seconds
+        read = f"{mean(res.gate_tokens_read) or 0:,.0f}" if res.gate_tokens_read else "n/a (no model)"
+        cost_rows.append([name, f"{c_rate * 1000:.1f} ms", f"{1000 * (mean(g) or 0):.1f} ms",
+                          f"{1000 * (statistics.median(g) if g else 0):.1f} ms", read, str(len(g)),
+                          ", ".join(f"{k}: {v}" for k, v in sorted(res.reasons.items()))])
+    out.append("\nCost on this machine: the first compression (per 1K tokens, tokenizing and scoring included) "
+               "and the recall gate per follow-up (scoring every unit of the compressed output against the new "
+               "question; for the drafter, unit features are cached from the compression, so only the question "
+               "is read):\n")
+    out.append(md_table(["scorer", "compress per 1K tokens", "gate per follow-up (mean)", "gate (median)",
+                         "drafter tokens read per follow-up", "follow-ups", "first compression outcome"],
+                        cost_rows, "lrrrrrl"))
+
+    plots = [_plot(ctx, results)]
+    out.append(f"\n![{plots[0].stem}](benchmarks/plots/{plots[0].name})\n")
+    out.append("\n" + _commentary(results, replays))
+    return "\n".join(out), plots
+
+
+def _plot(ctx: BenchContext, results: dict[str, ScorerResult]) -> Any:
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = list(range(len(THETAS)))
+    for name, res in results.items():
+        ax1.plot(xs, [100 * (mean(res.thetas[t].present_all) or 0) for t in THETAS], marker="o", label=name)
+        ax2.plot(xs, [mean(res.thetas[t].added_tokens) or 0 for t in THETAS], marker="o", label=name)
+    for ax in (ax1, ax2):
+        ax.set_xticks(xs, [f"{t:g}" for t in THETAS])
+        ax.set_xlabel("recall threshold θ")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax1.axhline(100 * GOAL, color="grey", linewidth=0.8, linestyle=":")
+    ax1.set_ylabel("conversations with all gold present (%)")
+    ax1.set_ylim(0, 102)
+    ax1.set_title("Gold present at the last turn")
+    ax2.set_ylabel("tokens added per follow-up")
+    ax2.set_title("Recall cost in prefill tokens")
+    return savefig(fig, ctx.plot_path("recall_vs_theta.png"))
+
+
+def _commentary(results: dict[str, ScorerResult], replays: list[Replay]) -> str:
+    lines = ["**Reading the numbers.**"]
+    for name, res in results.items():
+        at = res.thetas[0.075]
+        off = res.thetas[1.0]
+        saved = sum(res.omitted_tokens)
+        verdict = "meets" if (mean(at.present_all) or 0) >= GOAL else "falls short of"
+        lines.append(f"- `{name}`: compression alone keeps every gold passage in {pct(mean(res.kept_all))} of "
+                     f"conversations; with the gate at θ = 0.075 that becomes {pct(mean(at.present_all))} (θ = 1.0: "
+                     f"{pct(mean(off.present_all))}), which {verdict} the {pct(GOAL, 0)} goal, at "
+                     f"{mean(at.added_tokens) or 0:,.0f} added tokens per follow-up on average ("
+                     f"{sum(at.added_tokens):,} over all follow-ups, against {saved:,} tokens the "
+                     f"compression left out)."
+                     + (f" {res.whole} of {res.replays} outputs were served whole ({', '.join(f'{k}: {v}' for k, v in sorted(res.reasons.items()))})."
+                        if res.whole else ""))
+    for name, res in results.items():
+        f0, f75 = mean(res.thetas[0.0].fired) or 0.0, mean(res.thetas[0.075].fired) or 0.0
+        if f0 > 0 and f75 >= 0.8 * f0:
+            lines.append(f"- With `{name}` the threshold barely filters: at θ = 0.075 the gate fires on {pct(f75)} of "
+                         f"follow-ups against {pct(f0)} at θ = 0, so most of the gold it brings back comes from "
+                         "recalling on almost every turn, close to the full recall budget each time. A scorer "
+                         "whose relevance is more peaked would let θ skip the follow-ups that need nothing.")
+    lines.append("- The first compression ranks passages against the *first* question only; the last turn's "
+                 "gold passages are often about something the conversation drifted to, so they depend on recall. "
+                 "A passage counts only if all its lines are visible: a half-recalled passage is a miss.")
+    lines.append("- The follow-up cost goal (under 1.5× a warm-cache follow-up) is about time; this section "
+                 "gives its two inputs: the extra prefill tokens (last column of the first table) and the gate's "
+                 "scoring time. Turning them into time to first token needs the target's prefill rate, which the "
+                 "timing sections measure.")
+    lines.append("- MTRAG's later questions are short and often elliptical (\"and the other one?\"); a lexical "
+                 "scorer sees few words to match, which is where a model-based scorer should help.")
+    return "\n".join(lines) + "\n"

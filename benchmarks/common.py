@@ -1,0 +1,299 @@
+"""What every benchmark section shares: the context (paths, sizes, the model and its tokenizer),
+the Section it returns, data loading, scorer construction and small formatting helpers.
+
+Sections never crash the run: missing data or a scorer that will not load becomes a sentence in
+the section's markdown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT / "benchmarks"
+DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"  # never copied into the repository
+
+T = TypeVar("T")
+log = logging.getLogger("pflash.bench")
+
+
+@dataclass
+class Section:
+    title: str
+    markdown: str  # the section's body (tables, commentary); the runner adds heading and run line
+    plots: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class BenchContext:
+    quick: bool
+    sessions: int | None = None  # cap on sessions / conversations per section (None: section default)
+    drafter_sessions: int | None = None  # cap on cases the drafter scorers read (None: section default)
+    data_dir: Path = DEFAULT_DATA_DIR
+    plots_dir: Path = BENCH_DIR / "plots"
+    results_dir: Path = BENCH_DIR / "results"
+    cache_dir: Path = BENCH_DIR / ".cache"  # git-ignored: the assembled model lives here
+    seed: int = 0
+    model_path: Path | None = None
+    model_error: str | None = None
+    _tokenizer: Any = None
+    _scorers: dict[str, Any] = field(default_factory=dict)
+    _scorer_notes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for d in (self.plots_dir, self.results_dir, self.cache_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        if self.model_path is None and self.model_error is None:
+            try:
+                from engine.model_files import default_model_path
+
+                self.model_path = default_model_path(self.cache_dir / "models")
+            except Exception as exc:  # the sections say so; the run goes on
+                self.model_error = str(exc)
+
+    # --- shared resources ------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's vocabulary-only tokenizer (GgufTokenizer), loaded once for all sections."""
+        if self._tokenizer is None:
+            if self.model_path is None:
+                raise RuntimeError(f"no model for the tokenizer: {self.model_error}")
+            from engine.tokenizer import GgufTokenizer
+
+            self._tokenizer = GgufTokenizer(self.model_path)
+        return self._tokenizer
+
+    def count_tokens(self, text: str) -> int:
+        return int(self.tokenizer.count_tokens(text))
+
+    def data_file(self, name: str) -> Path | None:
+        path = self.data_dir / name
+        return path if path.is_file() else None
+
+    def scorer(self, name: str) -> Any | None:
+        """bm25 | drafter | fusion, built once and shared between sections (one drafter model in
+        memory: fusion wraps the same DrafterScorer, as gateway/scorer_factory does). None when it
+        cannot be built; `scorer_note(name)` says why."""
+        if name in self._scorers:
+            return self._scorers[name]
+        scorer: Any | None = None
+        try:
+            if name == "bm25":
+                from engine.scorers import Bm25Scorer
+
+                scorer = Bm25Scorer()
+            elif name in ("drafter", "fusion"):
+                if self.model_path is None:
+                    raise RuntimeError(f"no model: {self.model_error}")
+                from engine.drafter import DrafterScorer, FusionScorer  # being written in parallel
+
+                drafter = self.scorer("drafter") if name == "fusion" else None
+                if name == "fusion" and drafter is None:
+                    raise RuntimeError(self._scorer_notes.get("drafter", "drafter unavailable"))
+                scorer = FusionScorer(drafter) if name == "fusion" else DrafterScorer(self.model_path)
+            else:
+                raise ValueError(f"unknown scorer {name!r}")
+        except Exception as exc:
+            self._scorer_notes[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            scorer = None
+        self._scorers[name] = scorer
+        return scorer
+
+    def scorer_note(self, name: str) -> str:
+        return self._scorer_notes.get(name, "")
+
+    # --- output helpers --------------------------------------------------------------------------
+
+    def plot_path(self, name: str) -> Path:
+        return self.plots_dir / name
+
+    def progress(self, items: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(items, desc=desc, total=total, leave=False, dynamic_ncols=True)
+        except ImportError:  # progress bars are a comfort, not a requirement
+            return items
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def load_jsonl_zst(path: Path) -> list[dict[str, Any]]:
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().decompress(path.read_bytes(), max_output_size=1 << 31)
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def stable_fraction(*parts: object) -> float:
+    """A number in [0, 1) fixed by its inputs: seeded choices that do not depend on run order."""
+    digest = hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()
+    return int(digest[:12], 16) / float(1 << 48)
+
+
+# --- scoring -------------------------------------------------------------------------------------
+
+
+class MemoScorer:
+    """Wraps a scorer so identical (units, request) calls are answered from memory.
+
+    Scores do not depend on the budget or on θ, so sweeping those re-uses one scoring pass; the
+    first (real) call's time is what the sections report.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name: str = inner.name
+        self._memo: dict[str, list[float]] = {}
+        self.last_seconds = 0.0  # time of the last real (uncached) call
+        self.last_hit = False
+
+    def score(self, units: Sequence[str], request: str) -> list[float]:
+        h = hashlib.sha256()
+        for text in (request, *units):
+            h.update(text.encode("utf-8", "surrogatepass"))
+            h.update(b"\x00")
+        key = h.hexdigest()
+        if key in self._memo:
+            self.last_hit = True
+            return list(self._memo[key])
+        started = time.perf_counter()
+        scores = list(self.inner.score(units, request))
+        self.last_seconds = time.perf_counter() - started
+        self.last_hit = False
+        self._memo[key] = scores
+        return list(scores)
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+
+class TokenCountCache:
+    """A token counter that can answer repeated texts from memory once `warm` is set.
+
+    The first pass over a case runs cold (what the gateway pays: it keeps no per-line counts
+    between calls); budget and θ sweeps that re-run the same texts then turn it warm, so they
+    cost what they measure rather than repeated tokenizing.
+    """
+
+    def __init__(self, count: Any) -> None:
+        self._count = count
+        self._memo: dict[str, int] = {}
+        self.warm = False
+
+    def __call__(self, text: str) -> int:
+        if self.warm:
+            n = self._memo.get(text)
+            if n is not None:
+                return n
+        n = self._memo[text] = int(self._count(text))
+        return n
+
+
+def default_compression_settings() -> Any:
+    """The shipped defaults (Settings' field defaults, not the environment: a benchmark must not
+    change because PFLASH_* happens to be set in the shell)."""
+    from gateway.compressor import CompressionSettings
+    from gateway.config import Settings
+
+    f = Settings.model_fields
+    return CompressionSettings(
+        threshold=f["threshold"].default,
+        budget_curve=f["budget_curve"].default,
+        min_segment=f["min_segment"].default,
+        max_segment=f["max_segment"].default,
+        request_tokens=f["request_tokens"].default,
+        fallback_spread=f["fallback_spread"].default,
+        recall_theta=f["recall_theta"].default,
+        recall_budget=f["recall_budget"].default,
+    )
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """A GitHub markdown table; `align` is one of l/r per column (default: first left, rest right)."""
+    align = align or ("l" + "r" * (len(headers) - 1))
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(map(str, headers)) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def machine_info() -> dict[str, str]:
+    """Cores and CPU model from /proc/cpuinfo (what the numbers depend on), memory, versions."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        pass
+    try:
+        import llama_cpp
+
+        llama_version = str(llama_cpp.__version__)
+    except Exception:
+        llama_version = "not installed"
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count() or "?"),
+        "memory": mem,
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_version,
+        "os": f"{platform.system()} {platform.release()}",
+    }
+
+
+def machine_line() -> str:
+    m = machine_info()
+    return (f"{m['cores']} cores, {m['cpu']}, {m['memory']} RAM, Python {m['python']}, "
+            f"llama-cpp-python {m['llama_cpp_python']}")
+
+
+def savefig(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display on a build machine)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
