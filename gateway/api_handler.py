@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -51,13 +52,41 @@ async def read_json(request: web.Request) -> object:
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, f"request body too large (limit {request.client_max_size} bytes)", "request_too_large") from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except UnicodeDecodeError:
         raise ApiError(400, "request body is not valid UTF-8") from None
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        # "\ud800" parses, but no UTF-8 text holds it: it would fail deep in tokenizing (a 500).
+        raise ApiError(400, "request body is not valid JSON: a \\u escape is an unpaired UTF-16 surrogate")
+    return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")  # Python's parser accepts NaN and Infinity
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    stack: list[object] = [value]  # iterative: the body may be nested as deep as the parser allowed
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def lower_headers(request: web.Request) -> dict[str, str]:
@@ -87,6 +116,8 @@ async def handle_turn(
     state = request.app[APP_STATE]
     if conv is None:
         conv = await parse_conversation(request, adapter)
+    if conv.params.max_tokens is None:  # the configured default, not "until the context is full"
+        conv = replace(conv, params=replace(conv.params, max_tokens=state.settings.default_max_tokens))
     tenant = request.get(TENANT, "")
     async with state.limiter.slot(tenant):
         try:

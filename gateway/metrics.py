@@ -1,0 +1,252 @@
+"""Prometheus metrics at `GET /metrics` (prometheus-client, one CollectorRegistry per app).
+
+Two kinds of metric live here:
+
+- events only the HTTP layer sees (requests by API and status, total latency, time to first
+  token) are recorded as they happen, by a middleware and by `note_first_output`;
+- everything the engine, the session registry, the store and the turn service already count in
+  their `stats()`/`counters` dicts is read at scrape time by `StatsCollector`, so no number is
+  kept twice and the dicts stay the single source of truth.
+
+Labels never carry client input (paths are mapped to a fixed API name), so cardinality is bounded
+and the endpoint carries no session data: it is served without auth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from gateway.state import APP_STATE, AppState
+
+log = logging.getLogger("pflash.metrics")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Per-request keys (aiohttp request mapping).
+_STARTED = "pflash_metrics_started"
+_API = "pflash_metrics_api"
+_FIRST_OUTPUT = "pflash_metrics_first_output"
+
+_ROUTE_API = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+    "/v1/responses": "responses",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/models": "models",
+    "/health": "health",
+    "/metrics": "metrics",
+}
+
+# Seconds. Short cached turns land in the first buckets, long cold prefills (CPU) in the last.
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def api_label(path: str) -> str:
+    """A fixed API name for a path: never the raw path (ids in paths would explode cardinality)."""
+    if path in _ROUTE_API:
+        return _ROUTE_API[path]
+    if path == "/v1/sessions" or path.startswith("/v1/sessions/"):
+        return "admin"
+    return "other"
+
+
+class GatewayMetrics:
+    """The app's registry, its event metrics, and the scrape-time collector over the stats dicts."""
+
+    def __init__(self, state: Callable[[], AppState | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("pflash_requests", "HTTP requests by API and response status.",
+                                ["api", "status"], registry=self.registry)
+        self.latency = Histogram("pflash_request_duration_seconds",
+                                 "Time from request arrival to the last byte of the response, by API.",
+                                 ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("pflash_time_to_first_token_seconds",
+                              "Time from request arrival to the first generated text or tool-call event, by API "
+                              "(parsing, queueing, compression scoring and prefill included).",
+                              ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(StatsCollector(state))
+        ProcessCollector(registry=self.registry)  # RSS, CPU, fds: what "memory bounded" is judged on
+
+    # --- recording -------------------------------------------------------------------------------
+    def middleware(self) -> Any:
+        @web.middleware
+        async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            api = api_label(request.path)
+            request[_STARTED] = time.perf_counter()
+            request[_API] = api
+            status = "500"
+            try:
+                response = await handler(request)
+                status = str(response.status)
+                return response
+            except web.HTTPException as exc:
+                status = str(exc.status)
+                raise
+            except asyncio.CancelledError:
+                status = "499"  # the client went away (nginx's convention)
+                raise
+            finally:
+                self.requests.labels(api, status).inc()
+                self.latency.labels(api).observe(time.perf_counter() - request[_STARTED])
+
+        return metrics_middleware
+
+    def first_output(self, request: web.Request) -> None:
+        if request.get(_FIRST_OUTPUT) or _STARTED not in request:
+            return
+        request[_FIRST_OUTPUT] = True
+        self.ttft.labels(request[_API]).observe(time.perf_counter() - request[_STARTED])
+
+    # --- exposition ------------------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.Response:
+        # Off the event loop: the session registry's lock can be held by a store write.
+        body = await asyncio.to_thread(generate_latest, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+METRICS: web.AppKey[GatewayMetrics] = web.AppKey("pflash_metrics", GatewayMetrics)
+
+
+def install(app: web.Application) -> GatewayMetrics:
+    """The app's metrics: the `/metrics` route, and a middleware put outermost so that it sees
+    every request's final status (401s from auth, errors rendered by the error middleware)."""
+    metrics = GatewayMetrics(lambda: app.get(APP_STATE))
+    app[METRICS] = metrics
+    app.middlewares.insert(0, metrics.middleware())
+    app.router.add_get("/metrics", metrics.handle)
+    return metrics
+
+
+def note_first_output(request: web.Request) -> None:
+    """Time to first token: call where a text or tool-call event is first written (idempotent)."""
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.first_output(request)
+
+
+class StatsCollector(Collector):
+    """Reads the live stats dicts at scrape time (engine, registry + store, turn service)."""
+
+    def __init__(self, state: Callable[[], AppState | None]) -> None:
+        self._state = state
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        if state is None:  # still loading the model
+            return
+        stats = getattr(state.engine, "stats", None)
+        engine = _numbers(stats() if callable(stats) else {})
+        sessions = _numbers(state.registry.stats())
+        turns = _numbers(dict(getattr(state.turns, "counters", {})))
+        scorer = _scorer_name(state)
+        yield from _engine_metrics(engine, turns)
+        yield from _session_metrics(sessions)
+        yield from _turn_metrics(turns, scorer)
+
+
+def _numbers(stats: Mapping[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in stats.items() if isinstance(v, (int, float))}
+
+
+def _scorer_name(state: AppState) -> str:
+    scorer = getattr(getattr(state.turns, "compressor", None), "scorer", None)
+    return str(getattr(scorer, "name", None) or state.settings.scorer)
+
+
+def _counter(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value, labels=labels)
+
+
+def _engine_metrics(engine: dict[str, float], turns: dict[str, float]) -> Iterator[Metric]:
+    # The engine counts prefill for every job; engines without those keys fall back to the turns'.
+    prefill = _counter("pflash_prefill_tokens", "Prompt tokens prefilled (evaluated) or reused from the KV cache.",
+                       labels=["kind"])
+    for kind in ("evaluated", "reused"):
+        key = f"prefill_tokens_{kind}"
+        prefill.add_metric([kind], engine.get(key, turns.get(key, 0.0)))
+    yield prefill
+    if "completion_tokens" in engine:
+        yield _counter("pflash_completion_tokens", "Tokens generated.", engine["completion_tokens"])
+    restores = _counter("pflash_kv_restores", "Session KV states restored into the context, by tier.", labels=["tier"])
+    for tier in ("ram", "disk"):
+        restores.add_metric([tier], engine.get(f"restores_{tier}", 0.0))
+    yield restores
+    yield _counter("pflash_kv_restore_failures",
+                   "Saved KV states the engine could not restore (served by full prefill).",
+                   engine.get("restore_failures", 0.0))
+    yield GaugeMetricFamily("pflash_queue_depth", "Turns queued or running in the engine.",
+                            value=engine.get("queue_depth", 0.0))
+
+
+def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:
+    count = GaugeMetricFamily("pflash_sessions", "Sessions with a KV state, by tier (context, RAM, disk).",
+                              labels=["tier"])
+    for tier in ("context", "ram", "disk"):
+        count.add_metric([tier], s.get(f"sessions_{tier}", 0.0))
+    yield count
+    size = GaugeMetricFamily("pflash_session_bytes", "Bytes of session state held, by tier.", labels=["tier"])
+    size.add_metric(["ram"], s.get("ram_bytes", 0.0))
+    size.add_metric(["disk"], s.get("disk_bytes", 0.0))
+    yield size
+    yield _counter("pflash_session_spills", "KV states moved from RAM to disk for the RAM budget.", s.get("spills", 0.0))
+    yield _counter("pflash_store_writes", "Sessions written to the store.", s.get("store_writes", 0.0))
+    yield _counter("pflash_store_reads", "Session records or KV states read from the store.", s.get("store_reads", 0.0))
+    failures = _counter("pflash_store_failures",
+                        "Store failures: write (disk full, read-only), read (KV failed its checksum or could not "
+                        "be decoded: full prefill), discard (metadata invalid or stale).", labels=["op"])
+    failures.add_metric(["write"], s.get("store_errors", 0.0))
+    failures.add_metric(["read"], s.get("store_failures", 0.0))
+    failures.add_metric(["discard"], s.get("store_discarded", 0.0))
+    yield failures
+    yield _counter("pflash_store_evictions", "Stored sessions evicted for the disk budget.", s.get("store_evicted", 0.0))
+
+
+def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
+    by_outcome: dict[tuple[str, str], float] = {("compressed", ""): 0.0}  # the family shows before traffic
+    for key, value in t.items():
+        name, _, reason = key.partition(":")  # "compression_fallbacks:<reason>" (TurnService convention)
+        if name == "compressions":
+            by_outcome[("compressed", reason)] = by_outcome.get(("compressed", reason), 0.0) + value
+        elif name == "compression_fallbacks":
+            label = ("fallback", reason or "unknown")
+            by_outcome[label] = by_outcome.get(label, 0.0) + value
+    events = _counter("pflash_compression_events",
+                      "New long messages considered for compression: compressed, or served whole (fallback) "
+                      "with the reason.", labels=["scorer", "outcome", "reason"])
+    for (outcome, reason), value in by_outcome.items():
+        events.add_metric([scorer, outcome, reason], value)
+    yield events
+    tokens = _counter("pflash_compression_tokens",
+                      "Tokens of messages considered for compression (in) and as served (out).", labels=["direction"])
+    tokens.add_metric(["in"], t.get("compression_tokens_in", 0.0))
+    tokens.add_metric(["out"], t.get("compression_tokens_out", 0.0))
+    yield tokens
+    seconds = _counter("pflash_scorer_seconds", "Seconds spent scoring units (drafter or lexical), by phase.",
+                       labels=["scorer", "phase"])
+    seconds.add_metric([scorer, "compression"], t.get("scorer_seconds", 0.0))
+    seconds.add_metric([scorer, "recall"], t.get("recall_seconds", 0.0))
+    yield seconds
+    yield _counter("pflash_scorer_failures", "Scorer failures (the message was served whole).",
+                   t.get("scorer_failures", 0.0))
+    recall = _counter("pflash_recall_events", "Follow-up questions checked by the recall gate, by outcome.",
+                      labels=["outcome"])
+    recall.add_metric(["fired"], t.get("recalls", 0.0))
+    recall.add_metric(["not_fired"], t.get("recall_checks", 0.0))
+    recall.add_metric(["failed"], t.get("recall_failures", 0.0))
+    yield recall
+    yield _counter("pflash_kept_map_failures", "Kept-line maps that did not re-apply (message served whole).",
+                   t.get("kept_map_failures", 0.0))
+
