@@ -254,16 +254,21 @@ def _parse_tools(raw: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
+def string_tool_choice(raw: str) -> str:
+    """The string forms both OpenAI APIs share."""
+    if raw not in ("auto", "none", "required"):
+        raise invalid(
+            f"Invalid value for 'tool_choice': {raw!r} (expected 'auto', 'none', 'required' or a function).",
+            "tool_choice",
+        )
+    return raw
+
+
 def _parse_tool_choice(raw: object, tools: tuple[ToolSpec, ...]) -> str | dict[str, Any] | None:
     if raw is None:
         return None
     if isinstance(raw, str):
-        if raw not in ("auto", "none", "required"):
-            raise invalid(
-                f"Invalid value for 'tool_choice': {raw!r} (expected 'auto', 'none', 'required' or a function).",
-                "tool_choice",
-            )
-        return raw
+        return string_tool_choice(raw)
     fn = raw.get("function") if isinstance(raw, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(raw, dict) or raw.get("type") != "function" or not isinstance(name, str):

@@ -20,6 +20,7 @@ from gateway.openai_chat import (
     WireModel,
     session_hints,
     sse_event,
+    string_tool_choice,
     validate,
     with_prefix,
 )
@@ -168,12 +169,7 @@ def _parse_tool_choice(raw: object, tools: tuple[ToolSpec, ...]) -> str | dict[s
     if raw is None:
         return None
     if isinstance(raw, str):
-        if raw not in ("auto", "none", "required"):
-            raise invalid(
-                f"Invalid value for 'tool_choice': {raw!r} (expected 'auto', 'none', 'required' or a function).",
-                "tool_choice",
-            )
-        return raw
+        return string_tool_choice(raw)
     if not isinstance(raw, dict):
         raise invalid("Invalid type for 'tool_choice': expected a string or an object.", "tool_choice")
     if raw.get("type") != "function":
