@@ -49,7 +49,7 @@ DATA = "swe-dev.jsonl.zst"
 TABLE_RATIOS = (0.15, 0.27, 0.40)
 PLOT_RATIOS = (0.05, 0.10, 0.15, 0.20, 0.27, 0.40, 0.55)
 CURVE = "curve"  # the budget curve's own budget (keep_ratio=None)
-SCORERS = ("bm25", "drafter", "fusion")
+SCORERS = ("bm25", "drafter", "fusion", "head")
 BASELINES = ("head+tail", "random")
 GOAL = 0.95
 
@@ -338,7 +338,7 @@ def run(ctx: BenchContext) -> Section:
         memo = MemoScorer(ctx.scorer(name))
         heavy = name != "bm25"
         todo = cases[: min(drafter_limit, len(cases))] if heavy else cases
-        if name == "fusion" and "drafter" in available:
+        if name in ("fusion", "head") and "drafter" in available:
             # Exactly the sessions the drafter read: fusion then re-uses its cached unit features.
             todo = cases[: len(results["drafter"].tokens)]
         t0 = time.perf_counter()
@@ -378,7 +378,7 @@ def _report(ctx: BenchContext, cases: list[Case], skipped: list[str], results: d
         f"median {statistics.median(golds):g}, total {sum(golds)}; the session's own log is "
         f"{pct(mean([c.own_tokens / c.tokens for c in cases]), 0)} of each output on average; padding: "
         + ", ".join(f"{sum(c.padding == p for c in cases)} {p}" for p in ("none", "same repo", "other repos too"))
-        + ". Request: the issue text (the pipeline's request finder keeps its last 128 tokens). "
+        + ". Request: the issue text (the pipeline's request finder keeps its first and last 64 tokens of 128). "
         f"Segmentation, request finding, flat-relevance and no-gain fallbacks are the serving pipeline's "
         f"(MessageCompressor); `curve` is the default budget curve's budget (≈{pct(curve_share, 0)} of "
         f"these outputs).\n")
