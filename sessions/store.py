@@ -101,6 +101,7 @@ class SessionStore:
         self._level = zstd_level
         self._budget = budget_bytes
         self.counters: dict[str, int] = {"writes": 0, "reads": 0, "failures": 0, "discarded": 0, "evicted": 0}
+        self._entries: dict[str, StoreEntry] | None = None  # the index, once scanned
         self._sweep()
 
     def _sweep(self) -> None:
@@ -165,6 +166,8 @@ class SessionStore:
         if kv_meta is None and (path / KV).exists():
             (path / KV).unlink()
         self.counters["writes"] += 1
+        if self._entries is not None and (entry := self.entry(record.session_id)) is not None:
+            self._entries[record.session_id] = entry
         return self.enforce_budget(protect={record.session_id})
 
     def _existing_kv_meta(self, path: Path) -> dict[str, Any] | None:
@@ -262,15 +265,21 @@ class SessionStore:
             return None
 
     def index(self) -> dict[str, StoreEntry]:
-        """Scan the store without loading KV states; invalid entries are left for `gc`."""
-        entries: dict[str, StoreEntry] = {}
-        for path in sorted(self.dir.iterdir()) if self.dir.exists() else []:
-            if path.is_dir() and not path.name.startswith(".") and (found := self.entry(path.name)):
-                entries[path.name] = found
-        return entries
+        """Every valid stored session, without loading KV states (invalid ones are left for
+        `sessions gc`). Scanned once, then kept current by save and delete: a budget check on
+        every save must not re-read every session's metadata."""
+        if self._entries is None:
+            entries: dict[str, StoreEntry] = {}
+            for path in sorted(self.dir.iterdir()) if self.dir.exists() else []:
+                if path.is_dir() and not path.name.startswith(".") and (found := self.entry(path.name)):
+                    entries[path.name] = found
+            self._entries = entries
+        return dict(self._entries)
 
     def delete(self, session_id: str) -> bool:
         path = self._session_dir(session_id)
+        if self._entries is not None:
+            self._entries.pop(session_id, None)
         if not path.exists():
             return False
         shutil.rmtree(path, ignore_errors=True)
@@ -292,22 +301,3 @@ class SessionStore:
             evicted.append(entry.session_id)
         self.counters["evicted"] += len(evicted)
         return evicted
-
-    def gc(self) -> list[str]:
-        """Remove what cannot be loaded: invalid entries, temp files, other fingerprints' stores."""
-        removed: list[str] = []
-        sessions_root = self.root / "sessions"
-        for fp_dir in sessions_root.iterdir() if sessions_root.exists() else []:
-            if fp_dir != self.dir and fp_dir.is_dir():
-                shutil.rmtree(fp_dir, ignore_errors=True)
-                removed.append(fp_dir.name + "/")
-        valid = self.index()
-        for path in list(self.dir.iterdir()):
-            if path.name not in valid:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-                removed.append(path.name)
-            else:
-                for tmp in path.glob(".*.tmp"):
-                    tmp.unlink(missing_ok=True)
-        removed.extend(self.enforce_budget())
-        return removed
