@@ -81,7 +81,7 @@ class BenchContext:
         return path if path.is_file() else None
 
     def scorer(self, name: str) -> Any | None:
-        """bm25 | drafter | fusion, built once and shared between sections (one drafter model in
+        """bm25 | drafter | fusion | head, built once and shared between sections (one drafter model in
         memory: fusion wraps the same DrafterScorer, as gateway/scorer_factory does). None when it
         cannot be built; `scorer_note(name)` says why."""
         if name in self._scorers:
@@ -95,12 +95,27 @@ class BenchContext:
             elif name in ("drafter", "fusion"):
                 if self.model_path is None:
                     raise RuntimeError(f"no model: {self.model_error}")
-                from engine.drafter import DrafterScorer, FusionScorer  # being written in parallel
+                from engine.drafter import (  # being written in parallel
+                    DrafterScorer,
+                    FusionScorer,
+                )
 
                 drafter = self.scorer("drafter") if name == "fusion" else None
                 if name == "fusion" and drafter is None:
                     raise RuntimeError(self._scorer_notes.get("drafter", "drafter unavailable"))
                 scorer = FusionScorer(drafter) if name == "fusion" else DrafterScorer(self.model_path)
+            elif name == "head":  # the shipped learned head on the shared drafter instance
+                from engine.head import (
+                    SHIPPED_HEAD,
+                    HeadScorer,
+                    drafter_sha256,
+                    load_head,
+                )
+
+                drafter = self.scorer("drafter")
+                if drafter is None or self.model_path is None:
+                    raise RuntimeError(self._scorer_notes.get("drafter", "drafter unavailable"))
+                scorer = HeadScorer(load_head(SHIPPED_HEAD, drafter_sha256(self.model_path)), drafter)
             else:
                 raise ValueError(f"unknown scorer {name!r}")
         except Exception as exc:

@@ -13,16 +13,23 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
-from engine.scorers import Bm25Scorer, Scorer
 from gateway import admin, anthropic_messages, openai_chat, openai_responses
-from gateway.api_handler import ApiAdapter, check_limits, handle_turn, lower_headers, parse_conversation, read_json
+from gateway.api_handler import (
+    ApiAdapter,
+    check_limits,
+    handle_turn,
+    lower_headers,
+    parse_conversation,
+    read_json,
+)
+from gateway.compressor import CompressionSettings
 from gateway.config import Settings
 from gateway.errors import ApiError, ApiFlavor, error_body
 from gateway.limits import ConcurrencyLimiter
 from gateway.metrics import install as install_metrics
 from gateway.response_history import ResponseHistory
+from gateway.scorer_factory import build_scorer
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
-from gateway.compressor import CompressionSettings
 from gateway.turns import TurnService
 from policies.conversation import Message
 from sessions.registry import SessionRegistry
@@ -181,28 +188,6 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [entry]})
 
 
-def default_scorer(settings: Settings) -> Scorer:
-    """The configured scorer; a drafter that fails to load falls back to BM25 (start-up never fails)."""
-    if settings.scorer == "bm25":
-        return Bm25Scorer()
-    try:
-        from engine.drafter import DrafterScorer, FusionScorer
-        from engine.model_files import default_model_path, resolve_model
-
-        models_dir = settings.store_dir / "models"
-        # The target's own file doubles as the drafter; an upstream engine has none: the embedded model.
-        if settings.drafter is not None or settings.engine == "llama":
-            path = resolve_model(settings.drafter or settings.model, models_dir)
-        else:
-            path = default_model_path(models_dir)
-        drafter = DrafterScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
-    except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
-        log.warning("drafter could not be loaded (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-        return Bm25Scorer()
-    log.info("scorer %s: drafter %s, layer %d", settings.scorer, path.name, drafter.layer)
-    return FusionScorer(drafter) if settings.scorer == "fusion" else drafter
-
-
 def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Application:
     app = web.Application(
         client_max_size=int(settings.max_body_mb * 1024 * 1024),
@@ -221,7 +206,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
                                           settings.max_segment, settings.request_tokens, settings.fallback_spread,
                                           settings.recall_theta, settings.recall_budget)
-        turns = TurnService(engine, registry, default_scorer(settings), compression)
+        turns = TurnService(engine, registry, build_scorer(settings), compression)
         state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
         app[APP_STATE] = state
         await engine.start()

@@ -101,7 +101,10 @@ class Settings(BaseSettings):
     max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
     request_tokens: int = Field(128, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
-    scorer: Literal["bm25", "drafter", "fusion"] = Field("bm25", description="Relevance scorer for compression.")
+    scorer: Literal["bm25", "drafter", "fusion", "head"] = Field("bm25", description="Relevance scorer for compression.")
+    head: str | None = Field(
+        None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter).",
+    )
     recall_theta: float = Field(0.075, ge=0, le=1, description="Omitted relevance share that triggers recall.")
     recall_budget: int = Field(2048, ge=0, description="Tokens of recalled excerpts per follow-up.")
 

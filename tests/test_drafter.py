@@ -192,14 +192,14 @@ def test_make_drafter_cli_reports_errors(tmp_path: Path) -> None:
 
 def test_gateway_builds_the_configured_scorer(truncated: Path, tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
-    from gateway.app import default_scorer
     from gateway.config import load_settings
+    from gateway.scorer_factory import build_scorer
 
     settings = load_settings({"scorer": "drafter", "drafter": str(truncated), "store_dir": tmp_path, "n_threads": 2})
-    scorer = default_scorer(settings)
+    scorer = build_scorer(settings)
     assert isinstance(scorer, DrafterScorer) and scorer.layer == 2  # a 4-block drafter reads block 2
     scorer.close()
-    with caplog.at_level(logging.WARNING, logger="pflash.app"):
+    with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
         broken = load_settings({"scorer": "fusion", "drafter": str(tmp_path / "missing.gguf"), "store_dir": tmp_path})
-        assert isinstance(default_scorer(broken), Bm25Scorer)
+        assert isinstance(build_scorer(broken), Bm25Scorer)
     assert any("bm25" in r.getMessage() for r in caplog.records)

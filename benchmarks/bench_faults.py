@@ -1,0 +1,104 @@
+"""Faults injected into a live gateway, as counts: kill -9 at random moments (mid-turn, mid-flush),
+corrupted store files; after each, the session's next turn must be served and answer exactly as a
+server that never failed."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import BenchContext, Section, md_table
+from benchmarks.timing import chat
+from gateway.process import GatewayProcess
+from sessions.store import KV
+
+SYSTEM = "You are a careful assistant that reviews Python code. " * 15
+
+
+def _turns(question: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def _answer(body: dict[str, Any]) -> str:
+    return str(body["choices"][0]["message"]["content"] or "")
+
+
+def run(ctx: BenchContext) -> Section:
+    if ctx.model_path is None:
+        return Section("Faults", f"Skipped: no model ({ctx.model_error}).")
+    rng = random.Random(ctx.seed)
+    rounds = 3 if ctx.quick else 8
+    flags = ("--model", str(ctx.model_path), "--n-ctx", "4096")
+    work = ctx.cache_dir / "work" / f"faults-{uuid.uuid4().hex[:8]}"
+    reference = GatewayProcess(work / "reference", *flags)
+    counts = {"kill -9 mid-turn": [0, 0, 0], "kill -9 during shutdown flush": [0, 0, 0],
+              "flipped byte in kv.zst": [0, 0, 0], "truncated kv.zst": [0, 0, 0]}
+    try:
+        for round_ in ctx.progress(range(rounds), "faults"):
+            for fault in counts:
+                session = f"fault-{round_}-{uuid.uuid4().hex[:6]}"
+                first = _turns(f"Round {round_}: what does `sum(range({round_ + 3}))` return?")
+                _t, ref1, _h = chat(reference.url, session, first, max_tokens=8)
+                follow = [*first, {"role": "assistant", "content": _answer(ref1)},
+                          {"role": "user", "content": "And with range doubled?"}]
+                _t, expected, _h = chat(reference.url, session, follow, max_tokens=8)
+                counts[fault][0] += 1
+                store = work / f"store-{round_}-{fault.split()[0]}-{uuid.uuid4().hex[:4]}"
+                server = GatewayProcess(store, *flags)
+                if fault == "kill -9 mid-turn":
+                    chat(server.url, session, first, max_tokens=8)
+                    killer = threading.Timer(rng.uniform(0.05, 0.4), server.proc.send_signal, (signal.SIGKILL,))
+                    killer.start()
+                    try:
+                        chat(server.url, session, follow, max_tokens=64)
+                    except httpx.HTTPError:
+                        pass  # the client saw the crash; it resends, as agents do
+                    killer.join()
+                    server.stop()
+                elif fault == "kill -9 during shutdown flush":
+                    chat(server.url, session, first, max_tokens=8)
+                    server.proc.send_signal(signal.SIGTERM)
+                    threading.Event().wait(rng.uniform(0.0, 0.3))
+                    server.stop(signal.SIGKILL)
+                else:
+                    chat(server.url, session, first, max_tokens=8)
+                    server.stop()
+                    _corrupt(store, fault)
+                restarted = GatewayProcess(store, *flags)
+                try:
+                    _t, got, _h = chat(restarted.url, session, follow, max_tokens=8)
+                    if _answer(got) != _answer(expected):
+                        counts[fault][2] += 1  # served, but not what a never-failed server says
+                except httpx.HTTPError:
+                    counts[fault][1] += 1
+                finally:
+                    restarted.stop()
+    finally:
+        reference.stop()
+    rows = [[fault, n, failed, wrong, failed + wrong] for fault, (n, failed, wrong) in counts.items()]
+    lost = sum(r[-1] for r in rows)
+    text = (
+        "Each fault hits a live gateway serving a session; a new server process then starts on the "
+        "same store and the session's next turn is sent. It must be served (HTTP 200) and its greedy "
+        "answer must equal that of a reference server that never failed. A torn or corrupt stored "
+        "state must be discarded (full prefill), never loaded.\n\n"
+        + md_table(["fault", "injected", "next turn failed", "wrong answer", "sessions lost"], rows)
+        + f"\n{sum(r[1] for r in rows)} faults injected, {lost} sessions lost.\n"
+    )
+    return Section("Faults", text)
+
+
+def _corrupt(store: Path, fault: str) -> None:
+    for kv in store.glob("sessions/*/*/" + KV):
+        data = bytearray(kv.read_bytes())
+        if fault.startswith("flipped"):
+            data[len(data) // 2] ^= 0xFF
+            kv.write_bytes(bytes(data))
+        else:
+            kv.write_bytes(bytes(data[: len(data) // 3]))
