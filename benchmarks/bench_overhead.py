@@ -27,7 +27,7 @@ def run(ctx: BenchContext) -> Section:
     text = (
         f"A short cached turn: a ~250-token system prompt already in the KV cache, a new one-line user "
         f"question, one output token, greedy; {turns} turns after 3 warm-up turns, the two paths "
-        f"interleaved turn by turn on the same machine.\n\n"
+        f"interleaved turn by turn on the same machine; the gateway is called over one keep-alive HTTP connection, as SDK clients do.\n\n"
         + md_table(["path", "p50 ms", "p99 ms"], rows)
         + f"\nThe gateway adds {a50:.1f} ms at p50 ({verdict} the < 5 ms goal) and {a99:.1f} ms at p99. "
         "What it adds: an HTTP round trip on loopback, JSON parsing and validation, session lookup, "

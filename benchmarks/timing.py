@@ -34,11 +34,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def chat(url: str, session: str, messages: list[dict[str, Any]], max_tokens: int = 1,
-         timeout: float = 900) -> tuple[float, dict[str, Any], httpx.Headers]:
-    """One non-stream turn; with max_tokens=1 its wall time is the time to first token."""
+         timeout: float = 900, client: httpx.Client | None = None) -> tuple[float, dict[str, Any], httpx.Headers]:
+    """One non-stream turn; with max_tokens=1 its wall time is the time to first token. Pass a
+    client to reuse its connection, as SDK clients do."""
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    post = client.post if client is not None else httpx.post
     started = time.perf_counter()
-    response = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=timeout)
+    response = post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=timeout)
     elapsed = time.perf_counter() - started
     response.raise_for_status()
     return elapsed, response.json(), response.headers
@@ -114,6 +116,7 @@ def measure_overhead(model: Path, work: Path, turns: int, progress: Progress) ->
     direct: list[float] = []
     through: list[float] = []
     history = [{"role": "system", "content": base[0].content}]
+    connection = httpx.Client()  # one keep-alive connection, as an SDK client keeps
     try:
         for i in range(turns + 3):
             question = f"Question {i}: what is {i} + {i}?"
@@ -129,12 +132,14 @@ def measure_overhead(model: Path, work: Path, turns: int, progress: Progress) ->
             sampler = llm._init_sampler(temp=0.0)
             sampler.sample(llm._ctx, -1)
             direct_s = time.perf_counter() - started
-            gateway_s, _body, _headers = chat(server.url, "overhead", [*history, {"role": "user", "content": question}])
+            gateway_s, _body, _headers = chat(server.url, "overhead", [*history, {"role": "user", "content": question}],
+                                              client=connection)
             if i >= 3:  # warm-up turns excluded
                 direct.append(direct_s * 1000)
                 through.append(gateway_s * 1000)
             progress(f"overhead {i + 1}/{turns + 3}")
     finally:
+        connection.close()
         server.stop()
     return OverheadResult(direct, through)
 
