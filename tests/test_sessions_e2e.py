@@ -10,7 +10,7 @@ import httpx
 import msgpack
 import pytest
 
-from sessions.store import KV, META
+from sessions.store import FORMAT_VERSION, KV, META
 from tests.conftest import Gateway
 
 pytestmark = pytest.mark.engine
@@ -69,7 +69,7 @@ def test_restart_resumes_without_prefill_and_answers_identically(start_gateway, 
     stored = [p for p in (tmp_path / "restarted" / "sessions").glob("*/*") if p.is_dir()]
     assert len(stored) == 1
     meta = msgpack.unpackb((stored[0] / META).read_bytes(), raw=False)
-    assert meta["format"] == 1 and len(meta["kv"]["tokens"]) >= prompt_tokens(reply)
+    assert meta["format"] == FORMAT_VERSION and len(meta["kv"]["tokens"]) >= prompt_tokens(reply)
     assert (stored[0] / KV).stat().st_size == meta["kv"]["zst_bytes"]
 
     history2 = follow_up(history, reply, "Rewrite it with type hints.")
