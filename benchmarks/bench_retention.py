@@ -42,6 +42,7 @@ from benchmarks.common import (
     pyplot,
     savefig,
     stable_fraction,
+    window_around,
 )
 
 TITLE = "Evidence retention on real coding-agent sessions (issue 4)"
@@ -138,15 +139,7 @@ def build_cases(records: list[dict[str, Any]], count: Callable[[str], int], targ
             continue
         if sum(own_toks) > cap:
             # A window of `cap` tokens holding the first gold line at a seeded depth.
-            depth = stable_fraction(seed, rid, "depth")
-            start, before = hits[0], 0
-            while start > 0 and before + own_toks[start - 1] <= depth * cap:
-                start -= 1
-                before += own_toks[start]
-            end, total = start, 0
-            while end < len(own_lines) and total + own_toks[end] <= cap:
-                total += own_toks[end]
-                end += 1
+            start, end = window_around(own_toks, hits[0], stable_fraction(seed, rid, "depth"), cap)
             own_lines, own_toks = own_lines[start:end], own_toks[start:end]
         present = frozenset(gold_key(x) for x in own_lines) & golds
         need = target - sum(own_toks)

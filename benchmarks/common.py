@@ -157,6 +157,21 @@ def stable_fraction(*parts: object) -> float:
     return int(digest[:12], 16) / float(1 << 48)
 
 
+def window_around(tokens: Sequence[int], hit: int, depth: float, cap: int) -> tuple[int, int]:
+    """[start, end) of a window of at most `cap` tokens holding line `hit`, with about `depth`
+    (0..1) of the window before it: long logs are cut to the part with the evidence, the evidence
+    at a chosen depth rather than always at an edge."""
+    start, before = hit, 0
+    while start > 0 and before + tokens[start - 1] <= depth * cap:
+        start -= 1
+        before += tokens[start]
+    end, total = start, 0
+    while end < len(tokens) and total + tokens[end] <= cap:
+        total += tokens[end]
+        end += 1
+    return start, end
+
+
 # --- scoring -------------------------------------------------------------------------------------
 
 

@@ -51,6 +51,7 @@ from engine.drafter import (
     read_pooled,
     to_mass,
 )
+from benchmarks.common import window_around  # noqa: E402
 from engine.scorers import Bm25Scorer
 from policies.lexical import bm25_scores
 from policies.rendering import split_lines
@@ -126,15 +127,7 @@ def build_cases(records: list[dict], tokenize: Callable[[str], list[int]], detok
         if sum(toks) > cap:
             # A window of `cap` tokens holding the first gold line at a pseudo-random depth.
             depth = int(hashlib.sha256(record["id"].encode()).hexdigest(), 16) % 1000 / 1000
-            g = hits[0]
-            start, before = g, 0
-            while start > 0 and before + toks[start - 1] <= depth * cap:
-                start -= 1
-                before += toks[start]
-            end, total = start, 0
-            while end < len(lines) and total + toks[end] <= cap:
-                total += toks[end]
-                end += 1
+            start, end = window_around(toks, hits[0], depth, cap)
             lines, toks = lines[start:end], toks[start:end]
         present = {line.rstrip() for line in lines} & golds
         if not present or sum(toks) < 1024:
