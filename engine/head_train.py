@@ -463,39 +463,40 @@ def evaluate(ds: Dataset, idx: Sequence[int], head: RelevanceHead, ratios: Seque
     return {src: {n: {r: float(np.mean(v)) for r, v in d.items()} for n, d in by.items()} for src, by in out.items()}
 
 
-def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60,
-                   epochs: int = 40, seed: int = 0, layer: int = 8, n_threads: int | None = None,
-                   cache_dir: Path | None = None) -> int:
-    """`pflash-gateway train-head`: build (or load) the features, train, write the head GGUF."""
-    from engine.drafter import DrafterScorer
-    from engine.head import drafter_sha256, load_head
+@dataclass
+class HeadRun:
+    """One training run: the head, its held-out evaluation and what it cost."""
 
-    try:
-        import benchmarks.bench_retention  # noqa: F401  (the example builders live there)
-    except ImportError:
-        print("pflash-gateway train-head: run it from a source checkout (needs benchmarks/)", file=sys.stderr)
-        return 2
+    head: RelevanceHead
+    scores: dict[str, dict[str, dict[float, float]]]  # source -> scorer -> budget -> retention
+    notes: list[str]
+    extract_seconds: float
+    train_seconds: float
+    best_epoch: int
+    train_groups: int
+    val_groups: int
+    train_examples: int
+    val_examples: int
+    units_per_second: float  # head inference over held-out units, features included
+
+
+def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60, epochs: int = 40,
+             seed: int = 0, layer: int = 8, n_threads: int | None = None, cache_dir: Path | None = None) -> HeadRun:
+    """Build (or load) the features, train with early stopping, evaluate on the held-out groups."""
+    from engine.drafter import DrafterScorer
+    from engine.head import drafter_sha256
+    from engine.tokenizer import GgufTokenizer
+
     started = time.perf_counter()
     sha = drafter_sha256(model_path)
     drafter = DrafterScorer(model_path, layer=layer, n_threads=n_threads)
-    from engine.tokenizer import GgufTokenizer
-
     tok = GgufTokenizer(model_path)
     bcfg = BuildConfig(sessions=sessions, conversations=conversations, seed=seed)
-    print(f"train-head: {sessions} swe-dev sessions (~{bcfg.swe_tokens} tokens each) + {conversations} MTRAG "
-          f"conversations (~{bcfg.mtrag_tokens} tokens each); drafter {model_path.name} layer {drafter.layer}. "
-          "First run reads them all through the drafter (minutes); later runs use the feature cache.",
-          file=sys.stderr)
     try:
         ds = build_dataset(data_dir, drafter, sha, tok.count_tokens, bcfg, cache_dir)
-    except FileNotFoundError as exc:
-        print(f"pflash-gateway train-head: {exc}", file=sys.stderr)
-        return 2
     finally:
         drafter.close()
     extract_s = time.perf_counter() - started
-    for note in ds.notes:
-        print(f"train-head: {note}", file=sys.stderr)
     tr, va = split(ds.examples, seed)
     xs = [ds.features(e) for e in ds.examples]
     labels = [e.labels for e in ds.examples]
@@ -506,7 +507,10 @@ def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int
     cfg = TrainConfig(epochs=epochs, seed=seed)
     result = train(xs, labels, tokens, items, tr, va, cfg, meta)
     head = result.head
-    groups = lambda ix: len({ds.examples[i].group for i in ix})
+    timed = time.perf_counter()
+    n_units = sum(len(head.logits(ds.features(ds.examples[i]))) for i in va)
+    rate = n_units / max(time.perf_counter() - timed, 1e-9)
+    groups = lambda ix: len({ds.examples[i].group for i in ix})  # noqa: E731
     scores = evaluate(ds, va, head)
     head.info = {
         "seed": seed, "sessions": sessions, "conversations": conversations, "epochs_max": epochs,
@@ -514,14 +518,42 @@ def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int
         "train_examples": len(tr), "val_examples": len(va),
         "val_retention_27": {src: {n: round(v[0.27], 4) for n, v in by.items()} for src, by in scores.items()},
     }
-    save_head(head, out)
-    load_head(out, sha)  # read back: a file that does not load is never left claiming success
-    print(f"train-head: {len(tr)} train / {len(va)} validation examples ({groups(tr)} / {groups(va)} sessions+"
-          f"conversations); best epoch {result.best_epoch}; {head.n_params:,} parameters", file=sys.stderr)
+    return HeadRun(head, scores, list(ds.notes), extract_s, result.seconds, result.best_epoch, groups(tr),
+                   groups(va), len(tr), len(va), rate)
+
+
+def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60,
+                   epochs: int = 40, seed: int = 0, layer: int = 8, n_threads: int | None = None,
+                   cache_dir: Path | None = None) -> int:
+    """`pflash-gateway train-head`: fit, write the head GGUF, read it back, print the evaluation."""
+    from engine.head import drafter_sha256, load_head
+
+    try:
+        import benchmarks.bench_retention  # noqa: F401  (the example builders live there)
+    except ImportError:
+        print("pflash-gateway train-head: run it from a source checkout (needs benchmarks/)", file=sys.stderr)
+        return 2
+    print(f"train-head: {sessions} swe-dev sessions + {conversations} MTRAG conversations through drafter "
+          f"{model_path.name} layer {layer}. The first run reads them all through the drafter (minutes); later "
+          "runs use the feature cache.", file=sys.stderr)
+    try:
+        run = fit_head(data_dir, model_path, sessions=sessions, conversations=conversations, epochs=epochs,
+                       seed=seed, layer=layer, n_threads=n_threads, cache_dir=cache_dir)
+    except FileNotFoundError as exc:
+        print(f"pflash-gateway train-head: {exc}", file=sys.stderr)
+        return 2
+    for note in run.notes:
+        print(f"train-head: {note}", file=sys.stderr)
+    save_head(run.head, out)
+    load_head(out, drafter_sha256(model_path))  # read back: a file that does not load never claims success
+    print(f"train-head: {run.train_examples} train / {run.val_examples} validation examples ({run.train_groups} / "
+          f"{run.val_groups} sessions+conversations); best epoch {run.best_epoch}; {run.head.n_params:,} parameters",
+          file=sys.stderr)
     print("held-out retention (selection at the budget, no pipeline fallbacks):", file=sys.stderr)
-    for src, by in scores.items():
+    for src, by in run.scores.items():
         for name, v in by.items():
             print(f"  {src:5s} {name:7s} " + "  ".join(f"{int(r * 100)} %: {x:.3f}" for r, x in v.items()),
                   file=sys.stderr)
-    print(f"train-head: features {extract_s:.0f} s, training {result.seconds:.0f} s; wrote {out}", file=sys.stderr)
+    print(f"train-head: features {run.extract_seconds:.0f} s, training {run.train_seconds:.0f} s; wrote {out}",
+          file=sys.stderr)
     return 0
