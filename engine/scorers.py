@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from policies.lexical import bm25_scores
 
@@ -23,3 +23,19 @@ class Bm25Scorer:
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         return bm25_scores(units, request)
+
+
+class FeatureStore(Protocol):
+    """A scorer whose per-unit features can travel with a session (the drafter's)."""
+
+    def export_features(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]: ...
+
+    def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int: ...
+
+
+def feature_store_of(scorer: Any) -> FeatureStore | None:
+    """The drafter behind a scorer (itself, or the one fusion and the head wrap), if any."""
+    for candidate in (scorer, getattr(scorer, "drafter", None)):
+        if candidate is not None and hasattr(candidate, "export_features") and hasattr(candidate, "import_features"):
+            return candidate  # type: ignore[no-any-return]
+    return None

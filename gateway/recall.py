@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.scorers import feature_store_of
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
 from policies.kept_lines import content_hash
@@ -55,6 +56,9 @@ class RecallGate:
         candidates = self._candidates(messages[:index], record)
         if not candidates:
             return None
+        features = feature_store_of(self.compressor.scorer)
+        if features is not None and record.unit_features:
+            features.import_features(record.unit_features)  # after eviction or a restart: no re-read
         scores = self.compressor.scorer.score(
             ["".join(c.lines[c.first : c.last + 1]) for c in candidates], question.content
         )

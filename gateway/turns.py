@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
-from engine.scorers import Scorer
+from engine.scorers import Scorer, feature_store_of
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow
 from gateway.recall import RecallGate, RecallReport, recalled_turn
@@ -163,6 +163,10 @@ class TurnService:
         record.kept_maps[key] = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens,
                                             content_hash(plan.text))
         record.map_labels[key] = _source_label(messages, index)
+        features = feature_store_of(self.compressor.scorer)
+        if features is not None:  # keep the drafter's reading with the session (recall, restarts)
+            lines, _tokens, units = self.compressor.segment_message(message.content)
+            record.unit_features.update(features.export_features(["".join(lines[u.first : u.last + 1]) for u in units]))
         return replace(message, content=plan.text), report
 
     def stream(self, turn: Turn) -> AsyncIterator[EngineEvent]:

@@ -39,6 +39,9 @@ class SessionRecord:
     recall_log: list[RecallEntry] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     transcript: list[dict[str, str]] = field(default_factory=list)  # last prompt as served
+    # The drafter's per-unit features of this session's compressed messages (by unit-text sha256):
+    # kept and persisted with the session so a follow-up's recall gate reads only the new question.
+    unit_features: dict[str, tuple[bytes, int]] = field(default_factory=dict)
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -59,6 +62,7 @@ class SessionRecord:
             "recall_log": [e.to_dict() for e in self.recall_log],
             "counters": dict(self.counters),
             "transcript": list(self.transcript),
+            "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
         }
 
     @classmethod
@@ -75,4 +79,5 @@ class SessionRecord:
             recall_log=[RecallEntry.from_dict(e) for e in data.get("recall_log", [])],
             counters={str(k): int(v) for k, v in data.get("counters", {}).items()},
             transcript=[{"role": str(m["role"]), "content": str(m["content"])} for m in data.get("transcript", [])],
+            unit_features={str(k): (bytes(raw), int(n)) for k, (raw, n) in data.get("unit_features", {}).items()},
         )

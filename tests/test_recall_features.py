@@ -1,0 +1,50 @@
+"""The drafter's per-unit features travel with the session: after a restart (a new scorer with an
+empty cache, the record read back from its persisted form) the recall gate reads only the question."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from policies.conversation import Message, ToolCall
+from sessions.record import SessionRecord
+from tests.test_compression_e2e import python_module
+
+pytestmark = pytest.mark.engine
+
+
+def test_follow_up_after_restart_reads_only_the_question(model_path: Path) -> None:
+    from engine.drafter import DrafterScorer
+    from engine.tokenizer import GgufTokenizer
+    from gateway.compressor import CompressionSettings
+    from gateway.turns import TurnService
+
+    tokenizer = GgufTokenizer(model_path)
+
+    class Counting:  # rewrite() needs only the engine's token counts
+        n_ctx = 4096
+        count_tokens = staticmethod(tokenizer.count_tokens)
+
+    settings = CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.0, recall_theta=0.0)
+    messages = [Message("user", "Where is the invoice total computed?"),
+                Message("assistant", "", (ToolCall("call_1", "read_file", '{"path": "inventory.py"}'),)),
+                Message("tool", python_module(), tool_call_id="call_1")]
+
+    before = DrafterScorer(model_path, n_threads=2)
+    record = SessionRecord(session_id="a" * 64, tenant="")
+    served, report, _ = asyncio.run(TurnService(Counting(), None, before, settings).rewrite(messages, record))  # type: ignore[arg-type]
+    assert report is not None and report.compressed
+    assert before.counters.units_read > 0 and record.unit_features
+    before.close()
+
+    restored = SessionRecord.from_dict(record.to_dict())  # what meta.msgpack gives back
+    record.served_hashes = []
+    after = DrafterScorer(model_path, n_threads=2)  # a new process: an empty feature cache
+    follow = [*messages, Message("assistant", "Noted."), Message("user", "What does helper_37 return?")]
+    _served, _report, recall = asyncio.run(TurnService(Counting(), None, after, settings).rewrite(follow, restored))  # type: ignore[arg-type]
+    assert recall is not None and recall.fired  # θ = 0: the gate scored every unit
+    assert after.counters.units_read == 0  # no unit read again ...
+    assert after.counters.requests_read == 1  # ... only the new question
+    after.close()
