@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -51,10 +50,10 @@ from engine.drafter import (
     read_pooled,
     to_mass,
 )
+from benchmarks.bench_retention import terminal_log  # noqa: E402
 from benchmarks.common import window_around  # noqa: E402
 from engine.scorers import Bm25Scorer
 from policies.lexical import bm25_scores
-from policies.rendering import split_lines
 from policies.segmentation import Unit, segment
 from policies.selection import relevance_spread, select_units
 
@@ -80,8 +79,6 @@ class Case:
 
 # --- data -----------------------------------------------------------------------------------------
 
-_BASH = re.compile(r"```bash\n(.*?)```", re.DOTALL)
-_BODY = re.compile(r"<(output(?:_head|_tail)?)>\n?(.*?)</\1>", re.DOTALL)
 
 
 def load_records(path: Path) -> list[dict]:
@@ -89,20 +86,6 @@ def load_records(path: Path) -> list[dict]:
 
     raw = zstandard.ZstdDecompressor().decompress(path.read_bytes(), max_output_size=1 << 31)
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
-
-
-def terminal_log(record: dict) -> list[str]:
-    """The session's tool outputs in order, each after the command that produced it."""
-    out: list[str] = []
-    messages = record["messages"]
-    for prev, msg in itertools.pairwise(messages):
-        if msg["role"] != "user" or "<returncode>" not in msg["content"] or prev["role"] != "assistant":
-            continue
-        cmd = _BASH.search(prev["content"])
-        out.append("$ " + (cmd.group(1).strip().splitlines() or [""])[0] + "\n")
-        for m in _BODY.finditer(msg["content"]):
-            out.extend(split_lines(m.group(2).rstrip("\n") + "\n"))
-    return out
 
 
 def issue_text(record: dict) -> str:
