@@ -187,6 +187,10 @@ def _engine_metrics(engine: dict[str, float], turns: dict[str, float]) -> Iterat
     yield _counter("pflash_kv_restore_failures",
                    "Saved KV states the engine could not restore (served by full prefill).",
                    engine.get("restore_failures", 0.0))
+    yield _counter("pflash_prefix_reuse_refused",
+                   "Turns whose cached prefix was not reused: the prompt diverged further back than the "
+                   "sliding-window cache allows (after a restore, a restore that saved no prefill).",
+                   engine.get("prefix_reuse_refused", 0.0))
     yield GaugeMetricFamily("pflash_queue_depth", "Turns queued or running in the engine.",
                             value=engine.get("queue_depth", 0.0))
 

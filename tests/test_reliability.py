@@ -184,6 +184,7 @@ def assert_plausible_metrics(before: Samples, after: Samples, turns: int, rss: i
     assert value(after, "pflash_queue_depth") == 0
     assert value(after, "pflash_store_failures_total", op="write") == 0
     assert value(after, "pflash_kv_restore_failures_total") == 0
+    assert value(after, "pflash_prefix_reuse_refused_total") == 0  # every session extended its prefix
     assert 0.5 * rss < value(after, "process_resident_memory_bytes") < 2 * rss
 
 
