@@ -41,7 +41,7 @@ class SessionRegistry:
         self._ram: OrderedDict[str, SavedState] = OrderedDict()
         self._ram_bytes = 0
         self._in_context: tuple[str, int] | None = None  # (session, tokens) the engine holds
-        self._disk = store.index()  # known on disk, loaded lazily
+        self._disk = store.index()  # the store's live index: known on disk, loaded lazily
         self.counters: dict[str, int] = {"spills": 0, "store_errors": 0}
 
     # --- records -------------------------------------------------------------------------------
@@ -76,7 +76,6 @@ class SessionRegistry:
             state = self._ram.pop(session_id, None)
             if state is not None:
                 self._ram_bytes -= len(state.blob)
-            self._disk.pop(session_id, None)
             if self._in_context and self._in_context[0] == session_id:
                 self._in_context = None
             self.store.delete(session_id)
@@ -153,18 +152,10 @@ class SessionRegistry:
         if record is None:
             return
         try:
-            for evicted in self.store.save(record, state):
-                self._disk.pop(evicted, None)
-            if (entry := self.store.entry(session_id)) is not None:
-                self._disk[session_id] = entry
+            self.store.save(record, state)
         except OSError as exc:  # disk full, read-only store: keep serving, lose only the cache
             self.counters["store_errors"] += 1
             log.error("session %s: store write failed: %s", session_id[:12], exc)
-
-    def save_record(self, session_id: str) -> None:
-        """Persist a record's metadata, keeping its stored KV if any (used when no KV is local)."""
-        with self._lock:
-            self._persist(session_id, None)
 
     def flush(self) -> None:
         """Write every session to disk: RAM states with their records, the rest as metadata."""

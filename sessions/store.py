@@ -15,8 +15,10 @@ import os
 import shutil
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
@@ -130,18 +132,18 @@ class SessionStore:
         return self.dir / session_id
 
     # --- writing ---------------------------------------------------------------------------------
-    def save(self, record: SessionRecord, state: SavedState | None, keep_existing_kv: bool = True) -> list[str]:
+    def save(self, record: SessionRecord, state: SavedState | None) -> list[str]:
         """Persist a record and (if given) its KV state; returns the sessions evicted for space.
         Without a state, an existing KV file is kept: it still holds an exact prefix state."""
         path = self._session_dir(record.session_id)
         try:
-            return self._save(path, record, state, keep_existing_kv)
+            return self._save(path, record, state)
         except OSError:
             if not (path / META).exists():  # e.g. disk full on a first write: leave no empty shell
                 shutil.rmtree(path, ignore_errors=True)
             raise
 
-    def _save(self, path: Path, record: SessionRecord, state: SavedState | None, keep_existing_kv: bool) -> list[str]:
+    def _save(self, path: Path, record: SessionRecord, state: SavedState | None) -> list[str]:
         path.mkdir(parents=True, exist_ok=True)
         kv_meta: dict[str, Any] | None = None
         if state is not None:
@@ -157,7 +159,7 @@ class SessionStore:
                 "crc32": zlib.crc32(packed),
                 "planes": 2,
             }
-        elif keep_existing_kv:
+        else:
             kv_meta = self._existing_kv_meta(path)
         meta = {
             "format": FORMAT_VERSION,
@@ -166,12 +168,23 @@ class SessionStore:
             "session": record.to_dict(),
             "kv": kv_meta,
         }
-        _write_atomic(path / META, msgpack.packb(meta, use_bin_type=True))
+        packed_meta = msgpack.packb(meta, use_bin_type=True)
+        _write_atomic(path / META, packed_meta)
         if kv_meta is None and (path / KV).exists():
             (path / KV).unlink()
         self.counters["writes"] += 1
-        if self._entries is not None and (entry := self.entry(record.session_id)) is not None:
-            self._entries[record.session_id] = entry
+        # The index entry from what was just written (zst_bytes is the KV file's size, checked on
+        # load); an index not scanned yet will read it from disk when first asked.
+        if self._entries is not None:
+            self._entries[record.session_id] = StoreEntry(
+                session_id=record.session_id,
+                tenant=record.tenant,
+                last_used=record.last_used,
+                kv_tokens=len(kv_meta["tokens"]) if kv_meta else 0,
+                meta_bytes=len(packed_meta),
+                kv_bytes=int(kv_meta["zst_bytes"]) if kv_meta else 0,
+                kv_raw_bytes=int(kv_meta["raw_bytes"]) if kv_meta else 0,
+            )
         return self.enforce_budget(protect={record.session_id})
 
     def _existing_kv_meta(self, path: Path) -> dict[str, Any] | None:
@@ -268,17 +281,21 @@ class SessionStore:
                             session_id[:12], exc)
             return None
 
-    def index(self) -> dict[str, StoreEntry]:
-        """Every valid stored session, without loading KV states (invalid ones are left for
-        `sessions gc`). Scanned once, then kept current by save and delete: a budget check on
-        every save must not re-read every session's metadata."""
+    def _live_index(self) -> dict[str, StoreEntry]:
+        """Every valid stored session (invalid ones are left for `sessions gc`), without loading
+        KV states. Scanned once, then kept current by save and delete: a budget check on every
+        save must not re-read every session's metadata."""
         if self._entries is None:
             entries: dict[str, StoreEntry] = {}
             for path in sorted(self.dir.iterdir()) if self.dir.exists() else []:
                 if path.is_dir() and not path.name.startswith(".") and (found := self.entry(path.name)):
                     entries[path.name] = found
             self._entries = entries
-        return dict(self._entries)
+        return self._entries
+
+    def index(self) -> Mapping[str, StoreEntry]:
+        """A read-only view of the index; it follows later saves and deletes."""
+        return MappingProxyType(self._live_index())
 
     def delete(self, session_id: str) -> bool:
         path = self._session_dir(session_id)
@@ -292,7 +309,7 @@ class SessionStore:
     def enforce_budget(self, protect: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         if self._budget is None:
             return []
-        entries = sorted(self.index().values(), key=lambda e: e.last_used)
+        entries = sorted(self._live_index().values(), key=lambda e: e.last_used)
         total = sum(e.total_bytes for e in entries)
         evicted: list[str] = []
         for entry in entries:
