@@ -399,26 +399,9 @@ class DrafterScorer:
         self._lock = threading.Lock()
         self.counters = DrafterCounters()
 
-    # counters and cache, read by metrics and tests
     @property
     def cache_bytes(self) -> int:
         return self._cache.bytes
-
-    @property
-    def units_read(self) -> int:
-        return self.counters.units_read
-
-    @property
-    def units_cached(self) -> int:
-        return self.counters.units_cached
-
-    @property
-    def tokens_read(self) -> int:
-        return self.counters.tokens_read
-
-    @property
-    def seconds(self) -> float:
-        return self.counters.seconds
 
     def stats(self) -> dict[str, float]:
         c = self.counters

@@ -10,10 +10,6 @@ class GgufTokenizer:
         from llama_cpp import Llama
 
         self._llm = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-        self.metadata: dict[str, str] = dict(self._llm.metadata)
-
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
 
     def count_tokens(self, text: str) -> int:
         return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))

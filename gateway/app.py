@@ -46,6 +46,9 @@ ANTHROPIC = ApiAdapter("anthropic", "msg_", anthropic_messages.parse_request, an
 RESPONSES = ApiAdapter("responses", "resp_", openai_responses.parse_request, openai_responses.complete_response,
                        openai_responses.StreamEncoder)
 
+# count_tokens: the same wire format, `max_tokens` not required.
+ANTHROPIC_COUNT = replace(ANTHROPIC, parse_request=anthropic_messages.parse_count_tokens_request)
+
 _OPEN_PATHS = {"/health", "/metrics"}
 
 # Recent Responses per tenant, for previous_response_id (in memory only).
@@ -134,9 +137,7 @@ def turn_route(adapter: ApiAdapter) -> Callable[[web.Request], Awaitable[web.Str
 async def count_tokens(request: web.Request) -> web.Response:
     """Anthropic count_tokens: counted on what the model would see, after compression."""
     state = request.app[APP_STATE]
-    conv = await parse_conversation(request, ApiAdapter("anthropic", "", anthropic_messages.parse_count_tokens_request,
-                                                        anthropic_messages.complete_response,
-                                                        anthropic_messages.StreamEncoder))
+    conv = await parse_conversation(request, ANTHROPIC_COUNT)
     # An over-long prompt is still counted: the client asks precisely to learn whether it fits.
     turn = await state.turns.prepare(conv, request.get(TENANT, ""), check_overflow=False)
     return web.json_response({"input_tokens": turn.prompt.n_tokens})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -21,7 +21,6 @@ class AppState:
     turns: TurnService
     limiter: ConcurrencyLimiter
     ready: bool = False
-    extras: dict[str, object] = field(default_factory=dict)
 
 
 APP_STATE: web.AppKey[AppState] = web.AppKey("pflash_state", AppState)
