@@ -73,6 +73,12 @@ class Conversation:
     stream: bool = False
     # OpenAI chat's stream_options.include_usage; the other APIs always report usage.
     stream_usage: bool = False
+    # False: at most one tool call per answer (OpenAI parallel_tool_calls=false, Anthropic
+    # tool_choice.disable_parallel_tool_use=true).
+    parallel_tool_calls: bool = True
+    # Structured output: None, {"type": "json_object"} or {"type": "json_schema", "name": str,
+    # "schema": {...}, "strict": bool} (Chat response_format, Responses text.format).
+    response_format: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,10 +92,17 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-# Events an engine turn yields to the API layer, in order: any number of TextDelta and
-# ToolCallDelta, then exactly one Finished.
+# Events an engine turn yields to the API layer, in order: any number of ReasoningDelta, TextDelta
+# and ToolCallDelta, then exactly one Finished.
 @dataclass(frozen=True)
 class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Reasoning text (a model's <think>…</think>, an upstream's reasoning_content), never answer text."""
+
     text: str
 
 
@@ -107,4 +120,4 @@ class Finished:
     stop_sequence: str | None = None
 
 
-TurnEvent = TextDelta | ToolCallDelta | Finished
+TurnEvent = ReasoningDelta | TextDelta | ToolCallDelta | Finished
