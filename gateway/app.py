@@ -13,7 +13,11 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
-from gateway import admin, anthropic_messages, openai_chat, openai_responses
+from gateway import admin
+from gateway.api import chat as chat_api
+from gateway.api import chat_output, messages_output, responses_output
+from gateway.api import messages as messages_api
+from gateway.api import responses as responses_api
 from gateway.api_handler import (
     ApiAdapter,
     check_limits,
@@ -39,15 +43,18 @@ log = logging.getLogger("pflash.app")
 
 EngineFactory = Callable[[Settings], Engine]
 
-OPENAI_CHAT = ApiAdapter("openai", "chatcmpl-", openai_chat.parse_request, openai_chat.complete_response,
-                         openai_chat.StreamEncoder)
-ANTHROPIC = ApiAdapter("anthropic", "msg_", anthropic_messages.parse_request, anthropic_messages.complete_response,
-                       anthropic_messages.StreamEncoder)
-RESPONSES = ApiAdapter("responses", "resp_", openai_responses.parse_request, openai_responses.complete_response,
-                       openai_responses.StreamEncoder)
+OPENAI_CHAT = ApiAdapter(
+    "openai", "chatcmpl-", chat_api.parse_request, chat_output.complete_response, chat_output.StreamEncoder
+)
+ANTHROPIC = ApiAdapter(
+    "anthropic", "msg_", messages_api.parse_request, messages_output.complete_response, messages_output.StreamEncoder
+)
+RESPONSES = ApiAdapter(
+    "responses", "resp_", responses_api.parse_request, responses_output.complete_response, responses_output.StreamEncoder
+)
 
 # count_tokens: the same wire format, `max_tokens` not required.
-ANTHROPIC_COUNT = replace(ANTHROPIC, parse_request=anthropic_messages.parse_count_tokens_request)
+ANTHROPIC_COUNT = replace(ANTHROPIC, parse_request=messages_api.parse_count_tokens_request)
 
 _OPEN_PATHS = {"/health", "/metrics"}
 
@@ -153,7 +160,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     # `instructions` (parsed as the first message) are not carried over to a continuation.
     n_instructions = 1 if body.get("instructions") else 0
     head, items = conv.messages[:n_instructions], conv.messages[n_instructions:]
-    previous = openai_responses.previous_response_id(body)
+    previous = responses_api.previous_response_id(body)
     if previous is not None:
         stored = history.get(tenant, previous)
         if stored is None:

@@ -19,7 +19,10 @@ try:  # the SDKs in this venv are built on the httpx2 fork; elsewhere they use h
 except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
-from gateway import anthropic_messages, openai_chat, openai_responses
+from gateway.api import chat as chat_api
+from gateway.api import chat_output, messages_output, responses_output
+from gateway.api import messages as messages_api
+from gateway.api import responses as responses_api
 from gateway.errors import ApiError, context_overflow
 from policies.conversation import (
     Conversation,
@@ -161,7 +164,7 @@ def chat_body(**overrides: Any) -> dict[str, Any]:
 
 
 def test_chat_parses_realistic_request() -> None:
-    conv = openai_chat.parse_request(chat_body(), {"x-session-id": "s-1", "session-id": "s-2"})
+    conv = chat_api.parse_request(chat_body(), {"x-session-id": "s-1", "session-id": "s-2"})
     assert conv.model == MODEL and conv.stream
     assert conv.messages == (
         Message("system", "You are a coding agent."),
@@ -177,17 +180,17 @@ def test_chat_parses_realistic_request() -> None:
     assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.seed) == (256, 0.2, 0.9, ("\n\nUser:",), 7)
     h = conv.hints
     assert (h.x_session_id, h.session_id_header, h.prompt_cache_key, h.user) == ("s-1", "s-2", "pck-1", "alice")
-    assert openai_chat.stream_include_usage(chat_body())
-    assert not openai_chat.stream_include_usage(chat_body(stream_options=None))
+    assert chat_api.stream_include_usage(chat_body())
+    assert not chat_api.stream_include_usage(chat_body(stream_options=None))
 
 
 def test_chat_defaults_and_variants() -> None:
-    conv = openai_chat.parse_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "END"}, {})
+    conv = chat_api.parse_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "END"}, {})
     assert conv.params.max_tokens == 5 and conv.params.stop == ("END",) and conv.params.temperature == 0.8
     assert conv.tool_choice is None and not conv.stream and conv.model == ""
     named = chat_body(tool_choice={"type": "function", "function": {"name": "list_dir"}})
-    assert openai_chat.parse_request(named, {}).tool_choice == {"name": "list_dir"}
-    hints = openai_chat.parse_request(chat_body(), {"session_id": "s-3"}).hints
+    assert chat_api.parse_request(named, {}).tool_choice == {"name": "list_dir"}
+    hints = chat_api.parse_request(chat_body(), {"session_id": "s-3"}).hints
     assert hints.session_id_header == "s-3"
 
 
@@ -247,12 +250,12 @@ CHAT_INVALID: list[tuple[object, str, str | None]] = [
 
 @pytest.mark.parametrize(("body", "message", "param"), CHAT_INVALID)
 def test_chat_rejects_invalid(body: object, message: str, param: str | None) -> None:
-    expect_400(lambda: openai_chat.parse_request(body, {}), message, param)
+    expect_400(lambda: chat_api.parse_request(body, {}), message, param)
 
 
 def test_chat_nonstream_body_parses_in_sdk() -> None:
-    conv = openai_chat.parse_request(chat_body(stream=False), {})
-    body = openai_chat.complete_response(conv, "abc", 1700000000, "Hello", [], finished("stop"))
+    conv = chat_api.parse_request(chat_body(stream=False), {})
+    body = chat_output.complete_response(conv, "abc", 1700000000, "Hello", [], finished("stop"))
     got = openai_client(body).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     assert isinstance(got, openai.types.chat.ChatCompletion)
     assert got.id == "chatcmpl-abc" and got.object == "chat.completion" and got.model == MODEL and got.created == 1700000000
@@ -262,7 +265,7 @@ def test_chat_nonstream_body_parses_in_sdk() -> None:
     assert got.usage is not None and (got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens) == (120, 7, 127)
     assert got.usage.prompt_tokens_details is not None and got.usage.prompt_tokens_details.cached_tokens == 80
 
-    body = openai_chat.complete_response(conv, "chatcmpl-x", 1, "", [CALL], finished("tool_calls"))
+    body = chat_output.complete_response(conv, "chatcmpl-x", 1, "", [CALL], finished("tool_calls"))
     assert body["id"] == "chatcmpl-x" and body["choices"][0]["message"]["content"] is None
     got = openai_client(body).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     msg = got.choices[0].message
@@ -271,13 +274,13 @@ def test_chat_nonstream_body_parses_in_sdk() -> None:
     assert (msg.tool_calls[0].id, msg.tool_calls[0].function.name, msg.tool_calls[0].function.arguments) == (
         "call_1", "read_file", ARGS_JSON)
 
-    body = openai_chat.complete_response(conv, "y", 1, "cut", [], finished("length"))
+    body = chat_output.complete_response(conv, "y", 1, "cut", [], finished("length"))
     assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_chat_stream_accepted_by_sdk() -> None:
-    conv = openai_chat.parse_request(chat_body(), {})
-    raw = encode(openai_chat.StreamEncoder(conv, "abc", 1700000000, include_usage=True), TEXT_AND_CALL)
+    conv = chat_api.parse_request(chat_body(), {})
+    raw = encode(chat_output.StreamEncoder(conv, "abc", 1700000000, include_usage=True), TEXT_AND_CALL)
     assert raw.startswith(b": keep-alive\n\n") and raw.endswith(b"data: [DONE]\n\n")
     frames = [json.loads(d) for _, d in sse_events(raw) if d != "[DONE]"]
     assert frames[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -302,12 +305,12 @@ def test_chat_stream_accepted_by_sdk() -> None:
 
 
 def test_chat_stream_without_usage_and_mid_stream_error() -> None:
-    conv = openai_chat.parse_request(chat_body(), {})
-    raw = encode(openai_chat.StreamEncoder(conv, "abc", 1, include_usage=False), [TextDelta("hi"), finished()])
+    conv = chat_api.parse_request(chat_body(), {})
+    raw = encode(chat_output.StreamEncoder(conv, "abc", 1, include_usage=False), [TextDelta("hi"), finished()])
     frames = [json.loads(d) for _, d in sse_events(raw) if d != "[DONE]"]
     assert all(f["choices"] and "usage" not in f for f in frames)
 
-    enc = openai_chat.StreamEncoder(conv, "abc", 1)
+    enc = chat_output.StreamEncoder(conv, "abc", 1)
     raw = encode(enc, [TextDelta("partial")]) + enc.error(ApiError(500, "engine crashed", "api_error"))
     assert raw.endswith(b"data: [DONE]\n\n")
     assert enc.feed(TextDelta("late")) == b""  # nothing after the closing frames
@@ -380,7 +383,7 @@ def claude_code_body(**overrides: Any) -> dict[str, Any]:
 
 
 def test_anthropic_parses_claude_code_request() -> None:
-    conv = anthropic_messages.parse_request(claude_code_body(), {"x-claude-code-session-id": "cc-1"})
+    conv = messages_api.parse_request(claude_code_body(), {"x-claude-code-session-id": "cc-1"})
     assert conv.model == MODEL and conv.stream and conv.params.max_tokens == 32000 and conv.params.temperature == 1
     assert conv.messages == (
         Message("system", "You are Claude Code.\n\nWorking directory: /repo"),
@@ -396,7 +399,7 @@ def test_anthropic_parses_claude_code_request() -> None:
 
 
 def test_anthropic_variants() -> None:
-    conv = anthropic_messages.parse_request(
+    conv = messages_api.parse_request(
         {
             "max_tokens": 10,
             "system": "sys",
@@ -416,14 +419,14 @@ def test_anthropic_variants() -> None:
     assert conv.messages[2].tool_calls[0].arguments == '{"a": "é"}'
     assert conv.messages[3:] == (Message("user", "note"), Message("tool", "", tool_call_id="t1", name="Read"))
     assert conv.params.stop == ("STOP",) and conv.tool_choice == {"name": "Read"}
-    assert anthropic_messages.parse_request(claude_code_body(tool_choice={"type": "any"}), {}).tool_choice == "required"
-    assert anthropic_messages.parse_request(claude_code_body(tool_choice={"type": "none"}), {}).tool_choice == "none"
+    assert messages_api.parse_request(claude_code_body(tool_choice={"type": "any"}), {}).tool_choice == "required"
+    assert messages_api.parse_request(claude_code_body(tool_choice={"type": "none"}), {}).tool_choice == "none"
     # count_tokens: same body, max_tokens optional
     body = claude_code_body()
     del body["max_tokens"]
-    counted = anthropic_messages.parse_count_tokens_request(body, {})
-    assert counted.messages == anthropic_messages.parse_request(claude_code_body(), {}).messages
-    expect_400(lambda: anthropic_messages.parse_request(body, {}), "Missing required parameter: 'max_tokens'", "max_tokens")
+    counted = messages_api.parse_count_tokens_request(body, {})
+    assert counted.messages == messages_api.parse_request(claude_code_body(), {}).messages
+    expect_400(lambda: messages_api.parse_request(body, {}), "Missing required parameter: 'max_tokens'", "max_tokens")
 
 
 def _cc_messages(*msgs: dict[str, Any]) -> dict[str, Any]:
@@ -475,7 +478,7 @@ ANTHROPIC_INVALID: list[tuple[object, str, str | None]] = [
 
 @pytest.mark.parametrize(("body", "message", "param"), ANTHROPIC_INVALID)
 def test_anthropic_rejects_invalid(body: object, message: str, param: str | None) -> None:
-    expect_400(lambda: anthropic_messages.parse_request(body, {}), message, param)
+    expect_400(lambda: messages_api.parse_request(body, {}), message, param)
 
 
 def _anthropic_create(body: dict[str, Any]) -> anthropic.types.Message:
@@ -483,8 +486,8 @@ def _anthropic_create(body: dict[str, Any]) -> anthropic.types.Message:
 
 
 def test_anthropic_nonstream_body_parses_in_sdk() -> None:
-    conv = anthropic_messages.parse_request(claude_code_body(stream=False), {})
-    body = anthropic_messages.complete_response(conv, "abc", 1, "Reading.", [CALL], finished("tool_calls"))
+    conv = messages_api.parse_request(claude_code_body(stream=False), {})
+    body = messages_output.complete_response(conv, "abc", 1, "Reading.", [CALL], finished("tool_calls"))
     got = _anthropic_create(body)
     assert isinstance(got, anthropic.types.Message)
     assert got.id == "msg_abc" and got.type == "message" and got.role == "assistant" and got.model == MODEL
@@ -496,20 +499,20 @@ def test_anthropic_nonstream_body_parses_in_sdk() -> None:
     u = got.usage
     assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (40, 80, 0, 7)
 
-    got = _anthropic_create(anthropic_messages.complete_response(conv, "m", 1, "a", [], finished("stop", stop_seq="STOP")))
+    got = _anthropic_create(messages_output.complete_response(conv, "m", 1, "a", [], finished("stop", stop_seq="STOP")))
     assert got.stop_reason == "stop_sequence" and got.stop_sequence == "STOP"
-    got = _anthropic_create(anthropic_messages.complete_response(conv, "m", 1, "a", [], finished("length")))
+    got = _anthropic_create(messages_output.complete_response(conv, "m", 1, "a", [], finished("length")))
     assert got.stop_reason == "max_tokens" and got.stop_sequence is None
-    got = _anthropic_create(anthropic_messages.complete_response(conv, "m", 1, "a", [], finished("stop")))
+    got = _anthropic_create(messages_output.complete_response(conv, "m", 1, "a", [], finished("stop")))
     assert got.stop_reason == "end_turn"
-    bad = anthropic_messages.complete_response(conv, "m", 1, "", [ToolCall("c", "f", "not json")], finished("tool_calls"))
+    bad = messages_output.complete_response(conv, "m", 1, "", [ToolCall("c", "f", "not json")], finished("tool_calls"))
     assert bad["content"] == [{"type": "tool_use", "id": "c", "name": "f", "input": {}}]
 
 
 def test_anthropic_stream_accepted_by_sdk() -> None:
-    conv = anthropic_messages.parse_request(claude_code_body(), {})
+    conv = messages_api.parse_request(claude_code_body(), {})
     events = [*TEXT_AND_CALL[:-1], TextDelta("Done."), finished("tool_calls")]
-    raw = encode(anthropic_messages.StreamEncoder(conv, "abc", 1), events)
+    raw = encode(messages_output.StreamEncoder(conv, "abc", 1), events)
     frames = sse_events(raw)
     names = [n for n, _ in frames]
     assert names[:2] == ["ping", "message_start"] and names[2] == "ping" and names[-2:] == ["message_delta", "message_stop"]
@@ -529,15 +532,15 @@ def test_anthropic_stream_accepted_by_sdk() -> None:
     assert final.stop_reason == "tool_use" and final.id == "msg_abc"
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens, final.usage.output_tokens) == (40, 80, 7)
 
-    raw = encode(anthropic_messages.StreamEncoder(conv, "m", 1), [TextDelta("x STOP"), finished("stop", stop_seq="STOP")])
+    raw = encode(messages_output.StreamEncoder(conv, "m", 1), [TextDelta("x STOP"), finished("stop", stop_seq="STOP")])
     with anthropic_client(raw).messages.stream(model=MODEL, max_tokens=10, messages=[]) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "STOP"
 
 
 def test_anthropic_mid_stream_error() -> None:
-    conv = anthropic_messages.parse_request(claude_code_body(), {})
-    enc = anthropic_messages.StreamEncoder(conv, "abc", 1)
+    conv = messages_api.parse_request(claude_code_body(), {})
+    enc = messages_output.StreamEncoder(conv, "abc", 1)
     raw = encode(enc, [TextDelta("partial")]) + enc.error(ApiError(529, "Overloaded", "overloaded_error"))
     name, data = sse_events(raw)[-1]
     assert name == "error" and json.loads(data) == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
@@ -590,7 +593,7 @@ def codex_body(**overrides: Any) -> dict[str, Any]:
 
 
 def test_responses_parses_codex_request() -> None:
-    conv = openai_responses.parse_request(codex_body(), {"session_id": "conv-42", "x-session-id": "s-9"})
+    conv = responses_api.parse_request(codex_body(), {"session_id": "conv-42", "x-session-id": "s-9"})
     assert conv.model == MODEL and conv.stream
     assert conv.messages == (
         Message("system", "You are Codex."),
@@ -609,21 +612,21 @@ def test_responses_parses_codex_request() -> None:
     assert [t.name for t in conv.tools] == ["shell", "read_file"] and conv.tool_choice == "auto"
     h = conv.hints
     assert (h.session_id_header, h.prompt_cache_key, h.x_session_id) == ("conv-42", "conv-42", "s-9")
-    assert openai_responses.previous_response_id(codex_body()) is None
-    assert openai_responses.previous_response_id(codex_body(previous_response_id="resp_1")) == "resp_1"
+    assert responses_api.previous_response_id(codex_body()) is None
+    assert responses_api.previous_response_id(codex_body(previous_response_id="resp_1")) == "resp_1"
 
 
 def test_responses_variants() -> None:
-    conv = openai_responses.parse_request({"input": "hello", "max_output_tokens": 50, "temperature": 1.5}, {})
+    conv = responses_api.parse_request({"input": "hello", "max_output_tokens": 50, "temperature": 1.5}, {})
     assert conv.messages == (Message("user", "hello"),) and conv.params.max_tokens == 50 and conv.params.temperature == 1.5
     # An output for a call made in stored history (previous_response_id) is accepted, unnamed.
-    conv = openai_responses.parse_request(
+    conv = responses_api.parse_request(
         {"previous_response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "old", "output": "ok"}]}, {}
     )
     assert conv.messages == (Message("tool", "ok", tool_call_id="old"),)
-    conv = openai_responses.parse_request(codex_body(tool_choice={"type": "function", "name": "shell"}), {})
+    conv = responses_api.parse_request(codex_body(tool_choice={"type": "function", "name": "shell"}), {})
     assert conv.tool_choice == {"name": "shell"}
-    assert openai_responses.parse_request(codex_body(tool_choice={"type": "web_search"}), {}).tool_choice is None
+    assert responses_api.parse_request(codex_body(tool_choice={"type": "web_search"}), {}).tool_choice is None
 
 
 def _codex_input(*items: Any) -> dict[str, Any]:
@@ -665,12 +668,12 @@ RESPONSES_INVALID: list[tuple[object, str, str | None]] = [
 
 @pytest.mark.parametrize(("body", "message", "param"), RESPONSES_INVALID)
 def test_responses_rejects_invalid(body: object, message: str, param: str | None) -> None:
-    expect_400(lambda: openai_responses.parse_request(body, {}), message, param)
+    expect_400(lambda: responses_api.parse_request(body, {}), message, param)
 
 
 def test_responses_nonstream_body_parses_in_sdk() -> None:
-    conv = openai_responses.parse_request(codex_body(stream=False), {})
-    body = openai_responses.complete_response(conv, "abc", 1700000000, "Reading.", [CALL], finished("tool_calls"))
+    conv = responses_api.parse_request(codex_body(stream=False), {})
+    body = responses_output.complete_response(conv, "abc", 1700000000, "Reading.", [CALL], finished("tool_calls"))
     got = openai_client(body).responses.create(model=MODEL, input="x")
     assert isinstance(got, openai.types.responses.Response)
     assert got.id == "resp_abc" and got.object == "response" and got.status == "completed" and got.created_at == 1700000000
@@ -685,7 +688,7 @@ def test_responses_nonstream_body_parses_in_sdk() -> None:
     assert [t.name for t in got.tools] == ["shell", "read_file"] and got.tool_choice == "auto"  # type: ignore[union-attr]
     assert got.parallel_tool_calls is True
 
-    got = openai_client(openai_responses.complete_response(conv, "x", 1, "cut", [], finished("length"))).responses.create(
+    got = openai_client(responses_output.complete_response(conv, "x", 1, "cut", [], finished("length"))).responses.create(
         model=MODEL, input="x"
     )
     assert got.status == "incomplete" and got.incomplete_details is not None
@@ -693,9 +696,9 @@ def test_responses_nonstream_body_parses_in_sdk() -> None:
 
 
 def test_responses_stream_accepted_by_sdk() -> None:
-    conv = openai_responses.parse_request(codex_body(), {})
+    conv = responses_api.parse_request(codex_body(), {})
     events = [*TEXT_AND_CALL[:-1], TextDelta("Done."), finished("tool_calls")]
-    raw = encode(openai_responses.StreamEncoder(conv, "abc", 1700000000), events)
+    raw = encode(responses_output.StreamEncoder(conv, "abc", 1700000000), events)
     frames = sse_events(raw)
     datas = [json.loads(d) for _, d in frames]
     assert all(d["type"] == n for (n, _), d in zip(frames, datas))
@@ -729,14 +732,14 @@ def test_responses_stream_accepted_by_sdk() -> None:
 
 
 def test_responses_incomplete_and_failed_streams() -> None:
-    conv = openai_responses.parse_request(codex_body(), {})
-    raw = encode(openai_responses.StreamEncoder(conv, "abc", 1), [TextDelta("cut"), finished("length")])
+    conv = responses_api.parse_request(codex_body(), {})
+    raw = encode(responses_output.StreamEncoder(conv, "abc", 1), [TextDelta("cut"), finished("length")])
     with openai_client(raw).responses.stream(model=MODEL, input="x") as stream:
         final = stream.get_final_response()
     assert final.status == "incomplete" and final.incomplete_details is not None
     assert final.incomplete_details.reason == "max_output_tokens" and final.output[0].status == "incomplete"  # type: ignore[union-attr]
 
-    enc = openai_responses.StreamEncoder(conv, "abc", 1)
+    enc = responses_output.StreamEncoder(conv, "abc", 1)
     raw = encode(enc, [TextDelta("partial")]) + enc.error(context_overflow(40000, 32768))
     events = list(openai_client(raw).responses.create(model=MODEL, input="x", stream=True))
     failed = events[-1]
@@ -745,7 +748,7 @@ def test_responses_incomplete_and_failed_streams() -> None:
     assert failed.response.error.code == "context_length_exceeded" and "prompt is too long" in failed.response.error.message
     assert [d["sequence_number"] for _, d in ((n, json.loads(d)) for n, d in sse_events(raw))] == list(range(len(events)))
 
-    rate = openai_responses.StreamEncoder(conv, "r", 1).error(ApiError(429, "slow down", "rate_limit_error"))
+    rate = responses_output.StreamEncoder(conv, "r", 1).error(ApiError(429, "slow down", "rate_limit_error"))
     assert json.loads(sse_events(rate)[-1][1])["response"]["error"] == {"code": "rate_limit_exceeded", "message": "slow down"}
     assert rate.startswith(b"event: response.created\n")  # the failure still follows a created event
 
@@ -772,22 +775,22 @@ def test_streams_roundtrip_through_sdks(texts: list[str], calls: list[ToolCall])
     text = "".join(texts)
     expected_calls = [(c.id, c.name, c.arguments) for c in calls]
 
-    conv = openai_chat.parse_request(chat_body(), {})
-    raw = encode(openai_chat.StreamEncoder(conv, "a", 1), events)
+    conv = chat_api.parse_request(chat_body(), {})
+    raw = encode(chat_output.StreamEncoder(conv, "a", 1), events)
     with openai_client(raw).chat.completions.stream(model=MODEL, messages=[]) as chat:
         msg = chat.get_final_completion().choices[0].message
     assert (msg.content or "") == text
     assert [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []] == expected_calls
 
-    conv = anthropic_messages.parse_request(claude_code_body(), {})
-    raw = encode(anthropic_messages.StreamEncoder(conv, "a", 1), events)
+    conv = messages_api.parse_request(claude_code_body(), {})
+    raw = encode(messages_output.StreamEncoder(conv, "a", 1), events)
     with anthropic_client(raw).messages.stream(model=MODEL, max_tokens=1, messages=[]) as ant:
         final = ant.get_final_message()
     assert "".join(b.text for b in final.content if b.type == "text") == text
     assert [(b.id, b.name, json.dumps(b.input)) for b in final.content if b.type == "tool_use"] == expected_calls
 
-    conv = openai_responses.parse_request(codex_body(), {})
-    raw = encode(openai_responses.StreamEncoder(conv, "a", 1), events)
+    conv = responses_api.parse_request(codex_body(), {})
+    raw = encode(responses_output.StreamEncoder(conv, "a", 1), events)
     with openai_client(raw).responses.stream(model=MODEL, input="x") as resp:
         out = resp.get_final_response()
     assert out.output_text == text
@@ -843,9 +846,9 @@ def test_same_conversation_through_all_three_apis() -> None:
         "tools": [{"type": "function", "name": "read_file", "description": description, "parameters": READ_SCHEMA}],
     }
     convs: list[Conversation] = [
-        openai_chat.parse_request(copy.deepcopy(chat), {}),
-        anthropic_messages.parse_request(copy.deepcopy(messages), {}),
-        openai_responses.parse_request(copy.deepcopy(responses), {}),
+        chat_api.parse_request(copy.deepcopy(chat), {}),
+        messages_api.parse_request(copy.deepcopy(messages), {}),
+        responses_api.parse_request(copy.deepcopy(responses), {}),
     ]
     expected = (
         Message("system", system),

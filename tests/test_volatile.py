@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import anthropic_messages
+from gateway.api import messages as messages_api
 from policies.volatile import strip_volatile_system
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.177.01c; cc_entrypoint=cli; cch={};"
@@ -65,11 +65,11 @@ def test_anthropic_adapter_strips_first_system_block() -> None:
             "messages": [{"role": "user", "content": "hi"}],
         }
 
-    a = anthropic_messages.parse_request(body("36ee5"), {})
-    b = anthropic_messages.parse_request(body("0aaa9"), {})
+    a = messages_api.parse_request(body("36ee5"), {})
+    b = messages_api.parse_request(body("0aaa9"), {})
     assert a.messages == b.messages
     assert a.messages[0].role == "system" and "cch=" not in a.messages[0].content
     assert a.messages[0].content.startswith(STABLE)
     # count_tokens parses through the same path, so its count matches what create serves.
-    counted = anthropic_messages.parse_count_tokens_request(body("ffff0"), {})
+    counted = messages_api.parse_count_tokens_request(body("ffff0"), {})
     assert counted.messages == a.messages

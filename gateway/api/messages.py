@@ -1,36 +1,31 @@
 """Anthropic Messages (POST /v1/messages, /v1/messages/count_tokens) <-> the neutral conversation.
 
-Pure, h11-style: request bodies in, `Conversation` out; engine events in, SSE bytes out.
+Pure, h11-style: request bodies in, `Conversation` out (the way back is messages_output).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import partial
 from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictStr
 
-from gateway.errors import ApiError, error_body, invalid
-from gateway.openai_chat import (
+from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
     UnitFloat,
     WireModel,
     session_hints,
-    sse_event,
     validate,
-    with_prefix,
 )
+from gateway.errors import invalid
 from policies.conversation import (
     Conversation,
-    Finished,
     Message,
     SamplingParams,
-    TextDelta,
     ToolCall,
-    ToolCallDelta,
     ToolSpec,
 )
 from policies.volatile import strip_volatile_system
@@ -283,155 +278,3 @@ def parse_count_tokens_request(body: object, headers: Mapping[str, str]) -> Conv
     req = _validate(CountTokensRequest, body)
     assert isinstance(body, dict)
     return _parse(req, body, headers)
-
-
-# --------------------------------------------------------------------------------------------
-# Responses
-# --------------------------------------------------------------------------------------------
-
-
-def _stop_reason(finished: Finished, has_calls: bool) -> str:
-    if finished.finish_reason == "length":
-        return "max_tokens"
-    if finished.finish_reason == "tool_calls" or has_calls:
-        return "tool_use"  # Claude Code only runs tools when told the turn stopped for them
-    return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
-
-
-def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
-    # Anthropic's input_tokens excludes cache reads; the two add up to the whole prompt.
-    return {
-        "input_tokens": max(prompt_tokens - cached_tokens, 0),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached_tokens,
-        "output_tokens": output_tokens,
-    }
-
-
-def _tool_input(arguments: str) -> dict[str, Any]:
-    # `input` must be an object; arguments that are not one are dropped rather than crash clients.
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def complete_response(
-    conv: Conversation,
-    response_id: str,
-    created: int,
-    text: str,
-    tool_calls: Sequence[ToolCall],
-    finished: Finished,
-) -> dict[str, Any]:
-    """The non-streaming Message body."""
-    content: list[dict[str, Any]] = []
-    if text:
-        content.append({"type": "text", "text": text})
-    for call in tool_calls:
-        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
-    stop_reason = _stop_reason(finished, bool(tool_calls))
-    u = finished.usage
-    return {
-        "id": with_prefix(response_id, "msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": conv.model,
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": finished.stop_sequence if stop_reason == "stop_sequence" else None,
-        "usage": _usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens),
-    }
-
-
-class StreamEncoder:
-    """Engine events -> Anthropic `event: NAME` SSE frames.
-
-    Text and tool calls become content blocks in arrival order; a block is closed when the next
-    one opens. A ToolCallDelta for the call already open appends `arguments` as a JSON fragment
-    (engines that stream arguments send each call's fragments contiguously).
-    """
-
-    def __init__(self, conv: Conversation, response_id: str, created: int):
-        self.model = conv.model
-        self.id = with_prefix(response_id, "msg_")
-        self._started = False
-        self._done = False
-        self._block = -1  # index of the open content block, -1 if none
-        self._block_kind: str | None = None  # "text" or "tool_use"
-        self._open_call: int | None = None  # ToolCallDelta.index of the open tool_use block
-        self._has_calls = False
-
-    def begin(self, prompt_tokens: int = 0, cached_tokens: int = 0) -> bytes:
-        if self._started:
-            return b""
-        self._started = True
-        message = {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": _usage(prompt_tokens, cached_tokens, 0),
-        }
-        return sse_event("message_start", {"type": "message_start", "message": message}) + self.keepalive()
-
-    def keepalive(self) -> bytes:
-        return sse_event("ping", {"type": "ping"})
-
-    def _close_block(self) -> bytes:
-        if self._block_kind is None:
-            return b""
-        self._block_kind = None
-        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
-
-    def _open_block(self, kind: str, block: dict[str, Any]) -> bytes:
-        out = self._close_block()
-        self._block += 1
-        self._block_kind = kind
-        start = {"type": "content_block_start", "index": self._block, "content_block": block}
-        return out + sse_event("content_block_start", start)
-
-    def _delta(self, delta: dict[str, Any], index: int) -> bytes:
-        return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-
-    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes:
-        if self._done:
-            return b""
-        out = self.begin()  # message_start must come first, even if begin() was skipped
-        if isinstance(event, TextDelta):
-            if not event.text:
-                return out
-            if self._block_kind != "text":
-                out += self._open_block("text", {"type": "text", "text": ""})
-            out += self._delta({"type": "text_delta", "text": event.text}, self._block)
-        elif isinstance(event, ToolCallDelta):
-            if self._block_kind != "tool_use" or self._open_call != event.index:
-                call = event.call
-                out += self._open_block("tool_use", {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
-                self._open_call = event.index
-                self._has_calls = True
-            if event.call.arguments:
-                out += self._delta({"type": "input_json_delta", "partial_json": event.call.arguments}, self._block)
-        else:
-            self._done = True
-            out += self._close_block()
-            stop_reason = _stop_reason(event, self._has_calls)
-            u = event.usage
-            delta = {
-                "stop_reason": stop_reason,
-                "stop_sequence": event.stop_sequence if stop_reason == "stop_sequence" else None,
-            }
-            usage = _usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
-            out += sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-            out += sse_event("message_stop", {"type": "message_stop"})
-        return out
-
-    def error(self, err: ApiError) -> bytes:
-        if self._done:
-            return b""
-        self._done = True
-        return sse_event("error", error_body(err, "anthropic"))

@@ -1,0 +1,1 @@
+"""The three wire protocols (Chat Completions, Anthropic Messages, Responses) and what they share."""

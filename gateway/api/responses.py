@@ -1,0 +1,207 @@
+"""OpenAI Responses (POST /v1/responses, what Codex CLI speaks) <-> the neutral conversation.
+
+Pure, h11-style: request bodies in, `Conversation` out (the way back is responses_output). Only
+`input` is parsed here: the caller prepends the history stored under `previous_response_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictStr
+
+from gateway.api.wire import (
+    PART_SEPARATOR,
+    PositiveInt,
+    UnitFloat,
+    WireModel,
+    session_hints,
+    string_tool_choice,
+    validate,
+)
+from gateway.errors import invalid
+from policies.conversation import (
+    Conversation,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolSpec,
+)
+
+# --------------------------------------------------------------------------------------------
+# Request wire models
+# --------------------------------------------------------------------------------------------
+
+
+class MessageItem(WireModel):
+    type: Literal["message"] = "message"
+    role: StrictStr
+    content: object  # string or list of parts; checked by hand
+
+
+class FunctionCallItem(WireModel):
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr = "{}"
+
+
+class FunctionCallOutputItem(WireModel):
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: object  # string or list of input_text parts; checked by hand
+
+
+class FunctionTool(WireModel):
+    type: Literal["function"]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ResponsesRequest(WireModel):
+    # A local gateway serves one model, so a missing name is not worth a 400.
+    model: StrictStr = ""
+    instructions: StrictStr | None = None
+    input: object  # string or list of items; checked by hand
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: object = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
+    top_p: UnitFloat | None = None
+    stream: StrictBool | None = None
+    store: StrictBool | None = None
+    prompt_cache_key: StrictStr | None = None
+    previous_response_id: StrictStr | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PARTS) -> str:
+    """A string or a list of text parts as one string."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"Invalid type for '{param}': expected a string or an array of content parts.", param)
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        where = f"{param}[{i}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in allowed:
+            raise invalid(f"Invalid value for '{where}.type': unsupported content part type {kind!r}.", f"{where}.type")
+        field = "refusal" if kind == "refusal" else "text"
+        value = part.get(field)
+        if not isinstance(value, str):
+            raise invalid(f"Invalid type for '{where}.{field}': expected a string.", f"{where}.{field}")
+        texts.append(value)
+    return PART_SEPARATOR.join(texts)
+
+
+def _parse_input(raw: object) -> list[Message]:
+    if isinstance(raw, str):
+        return [Message("user", raw)]
+    if not isinstance(raw, list) or not raw:
+        raise invalid("Invalid value for 'input': expected a string or a non-empty array of items.", "input")
+    messages: list[Message] = []
+    call_names: dict[str, str] = {}  # call_id -> function name, for naming the outputs
+    for i, item in enumerate(raw):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"Invalid type for '{param}': expected an object.", param)
+        kind = item.get("type")
+        # Easy-input messages ({"role", "content"}) leave out the type.
+        if kind == "message" or (kind is None and "role" in item):
+            msg = validate(MessageItem, item, ("input", i))
+            role = _ROLES.get(msg.role)
+            if role is None:
+                raise invalid(
+                    f"Invalid value for '{param}.role': unknown role {msg.role!r} "
+                    "(expected user, assistant, system or developer).",
+                    f"{param}.role",
+                )
+            allowed = (*_TEXT_PARTS, "refusal") if role == "assistant" else _TEXT_PARTS
+            messages.append(Message(role, _parts_text(msg.content, f"{param}.content", allowed)))
+        elif kind == "function_call":
+            fc = validate(FunctionCallItem, item, ("input", i))
+            call = ToolCall(fc.call_id, fc.name, fc.arguments)
+            call_names[fc.call_id] = fc.name
+            # Responses lists each call as its own item; the neutral form keeps the calls of one
+            # assistant turn on that turn's message.
+            if messages and messages[-1].role == "assistant":
+                last = messages[-1]
+                messages[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
+            else:
+                messages.append(Message("assistant", "", tool_calls=(call,)))
+        elif kind == "function_call_output":
+            out = validate(FunctionCallOutputItem, item, ("input", i))
+            text = _parts_text(out.output, f"{param}.output", ("input_text",))
+            # The call may live in stored history the caller prepends, so no match is required here.
+            messages.append(Message("tool", text, tool_call_id=out.call_id, name=call_names.get(out.call_id)))
+        else:
+            continue  # reasoning, web_search_call, ...: nothing the local model can use
+    return messages
+
+
+def _parse_tools(raw: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
+    specs: list[ToolSpec] = []
+    for i, item in enumerate(raw or ()):
+        if item.get("type") != "function":
+            continue  # hosted tools (web_search, file_search, custom, ...) cannot run locally
+        tool = validate(FunctionTool, item, ("tools", i))
+        specs.append(ToolSpec(tool.name, tool.description or "", tool.parameters or {}))
+    return tuple(specs)
+
+
+def _parse_tool_choice(raw: object, tools: tuple[ToolSpec, ...]) -> str | dict[str, Any] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return string_tool_choice(raw)
+    if not isinstance(raw, dict):
+        raise invalid("Invalid type for 'tool_choice': expected a string or an object.", "tool_choice")
+    if raw.get("type") != "function":
+        return None  # a hosted tool or an allowed-tools list: those tools were dropped above
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise invalid("Missing required parameter: 'tool_choice.name'.", "tool_choice.name")
+    if name not in {t.name for t in tools}:
+        raise invalid(f"Invalid value for 'tool_choice': no function named {name!r} in 'tools'.", "tool_choice")
+    return {"name": name}
+
+
+def parse_request(body: object, headers: Mapping[str, str]) -> Conversation:
+    """A Responses request body as a neutral Conversation of `instructions` + `input` only."""
+    req = validate(ResponsesRequest, body)
+    assert isinstance(body, dict)
+    messages = _parse_input(req.input)
+    if req.instructions:
+        messages.insert(0, Message("system", req.instructions))
+    tools = _parse_tools(req.tools)
+    defaults = SamplingParams()
+    params = SamplingParams(
+        max_tokens=req.max_output_tokens,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+    )
+    return Conversation(
+        messages=tuple(messages),
+        tools=tools,
+        tool_choice=_parse_tool_choice(req.tool_choice, tools),
+        params=params,
+        hints=session_hints(body, headers),
+        model=req.model,
+        stream=bool(req.stream),
+    )
+
+
+def previous_response_id(body: object) -> str | None:
+    """The response whose stored history precedes this request's `input`, if any."""
+    value = body.get("previous_response_id") if isinstance(body, dict) else None
+    return value if isinstance(value, str) and value else None
