@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from gateway.api.attachments import openai_part
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
@@ -93,7 +94,8 @@ class ChatRequest(WireModel):
 
 
 def _content_text(content: object, param: str, allowed: tuple[str, ...] = ("text",)) -> str:
-    """A message's content (string or array of text parts) as one string."""
+    """A message's content (string or array of parts) as one string; non-text parts become
+    placeholders (attachments.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -105,7 +107,10 @@ def _content_text(content: object, param: str, allowed: tuple[str, ...] = ("text
             raise invalid(f"Invalid type for '{where}': expected an object.", where)
         kind = part.get("type")
         if kind not in allowed:
-            raise invalid(f"Invalid value for '{where}.type': unsupported content part type {kind!r}.", f"{where}.type")
+            if not isinstance(kind, str):
+                raise invalid(f"Missing required parameter: '{where}.type'.", f"{where}.type")
+            texts.append(openai_part(part))  # image_url, input_audio, file, ...: a placeholder
+            continue
         value = part.get(kind)  # {"type": "text", "text": ...} / {"type": "refusal", "refusal": ...}
         if not isinstance(value, str):
             raise invalid(f"Invalid type for '{where}.{kind}': expected a string.", f"{where}.{kind}")

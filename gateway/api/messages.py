@@ -12,12 +12,14 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictStr
 
+from gateway.api.attachments import anthropic_block
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
     UnitFloat,
     WireModel,
     session_hints,
+    tool_result_text,
     validate,
 )
 from gateway.errors import invalid
@@ -101,8 +103,9 @@ class CountTokensRequest(MessagesRequest):
 _IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 
 
-def _text_blocks(raw: object, param: str) -> str:
-    """A string or a list of text blocks (system prompt, tool_result content) as one string."""
+def _text_blocks(raw: object, param: str, attachments: bool = False) -> str:
+    """A string or a list of text blocks (system prompt, tool_result content) as one string;
+    with `attachments`, images, documents and other non-text blocks become placeholders."""
     if isinstance(raw, str):
         return raw
     if not isinstance(raw, list):
@@ -111,9 +114,12 @@ def _text_blocks(raw: object, param: str) -> str:
     for i, block in enumerate(raw):
         where = f"{param}.{i}"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
+        if kind == "text":
+            texts.append(_validate(TextBlock, block, _loc(where)).text)
+        elif attachments and isinstance(kind, str):
+            texts.append(anthropic_block(block))  # type: ignore[arg-type]
+        else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} (only 'text' here).", f"{where}.type")
-        texts.append(_validate(TextBlock, block, _loc(where)).text)
     return PART_SEPARATOR.join(texts)
 
 
@@ -148,12 +154,12 @@ def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list
                     "of a preceding assistant message.",
                     f"{where}.tool_use_id",
                 )
-            text = "" if result.content is None else _text_blocks(result.content, f"{where}.content")
+            text = "" if result.content is None else _text_blocks(result.content, f"{where}.content", True)
             flush()
             out.append(
                 Message(
                     "tool",
-                    text,
+                    tool_result_text(text, bool(result.is_error)),
                     tool_call_id=result.tool_use_id,
                     name=tool_names[result.tool_use_id],
                     is_error=bool(result.is_error),
@@ -161,6 +167,8 @@ def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list
             )
         elif kind in _IGNORED_BLOCKS:
             continue
+        elif isinstance(kind, str) and kind != "tool_use":
+            pending.append(anthropic_block(block))  # type: ignore[arg-type]  # image, document, ...
         else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} in a user message.", f"{where}.type")
     flush()
@@ -185,6 +193,8 @@ def _parse_assistant(content: object, param: str, tool_names: dict[str, str]) ->
             tool_names[use.id] = use.name
         elif kind in _IGNORED_BLOCKS:
             continue
+        elif isinstance(kind, str) and kind != "tool_result":
+            texts.append(anthropic_block(block))  # type: ignore[arg-type]  # server tool blocks, ...
         else:
             raise invalid(
                 f"{where}.type: unsupported content block type {kind!r} in an assistant message.", f"{where}.type"

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictStr
 
+from gateway.api.attachments import openai_part
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
@@ -85,7 +86,7 @@ _TEXT_PARTS = ("input_text", "output_text")
 
 
 def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PARTS) -> str:
-    """A string or a list of text parts as one string."""
+    """A string or a list of parts as one string; non-text parts become placeholders."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -93,9 +94,14 @@ def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PA
     texts: list[str] = []
     for i, part in enumerate(content):
         where = f"{param}[{i}]"
-        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise invalid(f"Invalid type for '{where}': expected an object.", where)
+        kind = part.get("type")
         if kind not in allowed:
-            raise invalid(f"Invalid value for '{where}.type': unsupported content part type {kind!r}.", f"{where}.type")
+            if not isinstance(kind, str):
+                raise invalid(f"Missing required parameter: '{where}.type'.", f"{where}.type")
+            texts.append(openai_part(part))  # input_image, input_file, ...: a placeholder
+            continue
         field = "refusal" if kind == "refusal" else "text"
         value = part.get(field)
         if not isinstance(value, str):
@@ -141,7 +147,7 @@ def _parse_input(raw: object) -> list[Message]:
                 messages.append(Message("assistant", "", tool_calls=(call,)))
         elif kind == "function_call_output":
             out = validate(FunctionCallOutputItem, item, ("input", i))
-            text = _parts_text(out.output, f"{param}.output", ("input_text",))
+            text = _parts_text(out.output, f"{param}.output")
             # The call may live in stored history the caller prepends, so no match is required here.
             messages.append(Message("tool", text, tool_call_id=out.call_id, name=call_names.get(out.call_id)))
         else:

@@ -105,6 +105,14 @@ def sse_event(name: str, obj: object) -> bytes:
 
 SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
+# The first line of a tool result the tool reported as failed (Anthropic `is_error`): the model
+# must see that the call failed, and the same history must render the same bytes every turn.
+TOOL_ERROR_MARKER = "[tool error]"
+
+
+def tool_result_text(text: str, is_error: bool) -> str:
+    return f"{TOOL_ERROR_MARKER}\n{text}" if is_error else text
+
 
 def string_tool_choice(raw: str) -> str:
     """The string forms both OpenAI APIs share."""
