@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
+from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
 
 
 class EngineBusy(Exception):
@@ -51,7 +51,7 @@ class PrefillDone:
     restored_from: str  # "context" | "ram" | "disk" | "none"
 
 
-EngineEvent = PrefillDone | TextDelta | ToolCallDelta | Finished
+EngineEvent = PrefillDone | ReasoningDelta | TextDelta | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Engine(Protocol):
     async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt: ...
 
     def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
-        """Yields PrefillDone once, then text/tool-call deltas, then exactly one Finished."""
+        """Yields PrefillDone once, then reasoning/text/tool-call deltas, then exactly one Finished."""
         ...
 
     async def start(self) -> None: ...

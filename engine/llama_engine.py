@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +24,10 @@ from typing import Any
 
 from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone, PreparedPrompt, SavedState, StateTier
 from engine.chat_templates import ChatTemplate, select_template
+from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
-from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolSpec, Usage
+from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolSpec, Usage
 
 log = logging.getLogger("pflash.engine")
 
@@ -179,6 +180,16 @@ class LlamaEngine:
 
     async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
         tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.tools else None
+        # Reasoning markup comes out first; only the answer text is searched for tool calls.
+        reasoning = ReasoningSplitter(prompt_opens_reasoning(prompt.text or ""))
+
+        def answer(events: list[ReasoningDelta | TextDelta]) -> Iterator[EngineEvent]:
+            for event in events:
+                if isinstance(event, ReasoningDelta) or tool_stream is None:
+                    yield event
+                else:
+                    yield from tool_stream.feed(event.text)
+
         cached = 0
         try:
             while True:
@@ -187,11 +198,13 @@ class LlamaEngine:
                     cached = raw.cached_tokens
                     yield raw
                 elif isinstance(raw, _RawText):
-                    for event in tool_stream.feed(raw.text) if tool_stream else [TextDelta(raw.text)]:
+                    for event in answer(reasoning.feed(raw.text)):
                         yield event
                 elif isinstance(raw, _RawError):
                     raise raw.error
                 elif isinstance(raw, _RawDone):
+                    for event in answer(reasoning.finish()):
+                        yield event
                     has_calls = False
                     if tool_stream:
                         for event in tool_stream.finish():

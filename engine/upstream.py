@@ -18,7 +18,18 @@ from typing import Any
 import aiohttp
 
 from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillDone, PreparedPrompt
-from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCall, ToolCallDelta, ToolSpec, Usage
+from engine.reasoning import ReasoningSplitter
+from policies.conversation import (
+    Finished,
+    Message,
+    ReasoningDelta,
+    SamplingParams,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
 
 log = logging.getLogger("pflash.upstream")
 
@@ -177,6 +188,7 @@ class UpstreamEngine:
         response = await self._post_with_retries(body)
         calls: dict[int, dict[str, str]] = {}
         text_parts: list[str] = []
+        reasoning = ReasoningSplitter()
         usage: dict[str, Any] | None = None
         finish = "stop"
         started = False
@@ -190,9 +202,16 @@ class UpstreamEngine:
                 usage = data.get("usage") or usage
                 for choice in data.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        text_parts.append(delta["content"])
-                        yield TextDelta(delta["content"])
+                    # vLLM/SGLang/llama.cpp reasoning parsers: `reasoning_content` (newer vLLM: `reasoning`).
+                    thought = delta.get("reasoning_content") or delta.get("reasoning")
+                    if isinstance(thought, str) and thought:
+                        yield ReasoningDelta(thought)
+                    if isinstance(delta.get("content"), str):
+                        # An upstream without a reasoning parser leaves <think> in the content.
+                        for event in reasoning.feed(delta["content"]):
+                            if isinstance(event, TextDelta):
+                                text_parts.append(event.text)
+                            yield event
                     for call in delta.get("tool_calls") or []:
                         slot = calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
                         fn = call.get("function") or {}
@@ -202,6 +221,10 @@ class UpstreamEngine:
                     finish = choice.get("finish_reason") or finish
         finally:
             response.release()
+        for event in reasoning.finish():
+            if isinstance(event, TextDelta):
+                text_parts.append(event.text)
+            yield event
         if not started:
             yield PrefillDone(prompt.n_tokens, 0, "upstream")
         for index in sorted(calls):

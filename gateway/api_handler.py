@@ -21,7 +21,16 @@ from gateway.errors import ApiError, ApiFlavor, ErrorKind
 from gateway.metrics import note_first_output
 from gateway.state import APP_STATE, TENANT
 from gateway.turns import Turn
-from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
+from policies.conversation import (
+    Conversation,
+    Finished,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    TurnEvent,
+)
 
 log = logging.getLogger("pflash.http")
 
@@ -29,7 +38,7 @@ log = logging.getLogger("pflash.http")
 class StreamEncoderLike(Protocol):
     def begin(self, prompt_tokens: int, cached_tokens: int) -> bytes: ...
     def keepalive(self) -> bytes: ...
-    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes: ...
+    def feed(self, event: TurnEvent) -> bytes: ...
     def error(self, err: ApiError) -> bytes: ...
 
 
@@ -145,6 +154,7 @@ async def _complete(
     created: int,
 ) -> web.Response:
     text: list[str] = []
+    reasoning: list[str] = []
     calls: list[ToolCall] = []
     finished: Finished | None = None
     try:
@@ -153,6 +163,8 @@ async def _complete(
                 note_first_output(request)  # time to first token (or to the end of an empty answer)
             if isinstance(event, TextDelta):
                 text.append(event.text)
+            elif isinstance(event, ReasoningDelta):
+                reasoning.append(event.text)
             elif isinstance(event, ToolCallDelta):
                 calls.append(event.call)
             elif isinstance(event, Finished):
@@ -163,7 +175,9 @@ async def _complete(
         await _close(events)
     assert finished is not None, "engine ended a turn without Finished"
     log_turn(turn, finished, adapter.flavor)
-    body = adapter.complete_response(turn.conversation, response_id, created, "".join(text), calls, finished)
+    body = adapter.complete_response(
+        turn.conversation, response_id, created, "".join(text), calls, finished, reasoning="".join(reasoning)
+    )
     return web.json_response(body, headers=turn.headers())
 
 

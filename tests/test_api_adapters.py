@@ -600,9 +600,11 @@ def test_responses_parses_codex_request() -> None:
         ),
         Message("tool", "main.py", tool_call_id="call_1", name="shell"),
         Message("tool", "print('hi')", tool_call_id="call_2", name="read_file"),
+        Message("assistant", "", tool_calls=(ToolCall("call_3", "apply_patch", '{"input": "*** Begin Patch"}'),)),
         Message("user", "Go on."),
     )
-    assert [t.name for t in conv.tools] == ["shell", "read_file"] and conv.tool_choice == "auto"
+    assert [t.name for t in conv.tools] == ["shell", "read_file", "apply_patch"] and conv.tool_choice == "auto"
+    assert conv.parallel_tool_calls is False and conv.response_format is None
     h = conv.hints
     assert (h.session_id_header, h.prompt_cache_key, h.x_session_id) == ("conv-42", "conv-42", "s-9")
     assert responses_api.previous_response_id(codex_body()) is None
@@ -673,8 +675,8 @@ def test_responses_nonstream_body_parses_in_sdk() -> None:
     u = got.usage
     assert u is not None and (u.input_tokens, u.output_tokens, u.total_tokens) == (120, 7, 127)
     assert u.input_tokens_details.cached_tokens == 80 and u.output_tokens_details.reasoning_tokens == 0
-    assert [t.name for t in got.tools] == ["shell", "read_file"] and got.tool_choice == "auto"  # type: ignore[union-attr]
-    assert got.parallel_tool_calls is True
+    assert [t.name for t in got.tools] == ["shell", "read_file", "apply_patch"] and got.tool_choice == "auto"  # type: ignore[union-attr]
+    assert got.parallel_tool_calls is False  # codex_body sends parallel_tool_calls: false
 
     got = openai_client(responses_output.complete_response(conv, "x", 1, "cut", [], finished("length"))).responses.create(
         model=MODEL, input="x"

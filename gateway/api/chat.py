@@ -17,6 +17,7 @@ from gateway.api.wire import (
     PositiveInt,
     UnitFloat,
     WireModel,
+    response_format,
     session_hints,
     string_tool_choice,
     validate,
@@ -86,6 +87,8 @@ class ChatRequest(WireModel):
     stream: StrictBool | None = None
     stream_options: ChatStreamOptions | None = None
     n: StrictInt | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: object = None  # checked by hand (wire.response_format)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +234,8 @@ def parse_request(body: object, headers: Mapping[str, str]) -> Conversation:
         model=req.model,
         stream=bool(req.stream),
         stream_usage=stream_include_usage(body),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        response_format=response_format(req.response_format, "response_format"),
     )
 
 

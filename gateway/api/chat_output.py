@@ -14,9 +14,11 @@ from gateway.errors import ApiError, error_body
 from policies.conversation import (
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    TurnEvent,
 )
 
 
@@ -44,6 +46,7 @@ def complete_response(
     text: str,
     tool_calls: Sequence[ToolCall],
     finished: Finished,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """The non-streaming `chat.completion` body."""
     message: dict[str, Any] = {
@@ -52,6 +55,8 @@ def complete_response(
         "content": None if tool_calls and not text else text,
         "refusal": None,
     }
+    if reasoning:
+        message["reasoning_content"] = reasoning  # the de-facto field (DeepSeek, vLLM, llama.cpp)
     if tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -117,13 +122,16 @@ class StreamEncoder:
     def keepalive(self) -> bytes:
         return SSE_COMMENT_KEEPALIVE
 
-    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes:
+    def feed(self, event: TurnEvent) -> bytes:
         if self._done:
             return b""
         out = self.begin()  # clients expect the role chunk first, even if begin() was skipped
         if isinstance(event, TextDelta):
             if event.text:
                 out += self._delta({"content": event.text})
+        elif isinstance(event, ReasoningDelta):
+            if event.text:
+                out += self._delta({"reasoning_content": event.text})
         elif isinstance(event, ToolCallDelta):
             call: dict[str, Any] = {"index": event.index}
             if event.index not in self._call_indexes:

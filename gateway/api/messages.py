@@ -73,6 +73,7 @@ class AnthropicTool(WireModel):
 class AnthropicToolChoice(WireModel):
     type: StrictStr
     name: StrictStr | None = None
+    disable_parallel_tool_use: StrictBool | None = None
 
 
 class MessagesRequest(WireModel):
@@ -273,6 +274,7 @@ def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str
         hints=session_hints(body, headers),
         model=req.model,
         stream=bool(req.stream),
+        parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
     )
 
 

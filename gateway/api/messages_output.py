@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from functools import partial
@@ -16,9 +17,11 @@ from gateway.errors import ApiError, error_body
 from policies.conversation import (
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    TurnEvent,
 )
 
 # Anthropic writes parameter paths with dots: "messages.0.content".
@@ -52,6 +55,13 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def thinking_signature(thinking: str) -> str:
+    """The `signature` of a thinking block. Anthropic's is an encrypted blob that only its API can
+    verify; this gateway's is a plain digest (history thinking is dropped, never verified), marked
+    so no one mistakes it for Anthropic's."""
+    return "pflash-gateway:" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()
+
+
 def complete_response(
     conv: Conversation,
     response_id: str,
@@ -59,9 +69,12 @@ def complete_response(
     text: str,
     tool_calls: Sequence[ToolCall],
     finished: Finished,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """The non-streaming Message body."""
     content: list[dict[str, Any]] = []
+    if reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": thinking_signature(reasoning)})
     if text:
         content.append({"type": "text", "text": text})
     for call in tool_calls:
@@ -94,7 +107,8 @@ class StreamEncoder:
         self._started = False
         self._done = False
         self._block = -1  # index of the open content block, -1 if none
-        self._block_kind: str | None = None  # "text" or "tool_use"
+        self._block_kind: str | None = None  # "thinking", "text" or "tool_use"
+        self._thinking: list[str] = []  # the open thinking block's text, for its signature
         self._open_call: int | None = None  # ToolCallDelta.index of the open tool_use block
         self._has_calls = False
 
@@ -120,8 +134,13 @@ class StreamEncoder:
     def _close_block(self) -> bytes:
         if self._block_kind is None:
             return b""
+        out = b""
+        if self._block_kind == "thinking":  # the signature closes a thinking block, as Anthropic's
+            signature = thinking_signature("".join(self._thinking))
+            out = self._delta({"type": "signature_delta", "signature": signature}, self._block)
+            self._thinking = []
         self._block_kind = None
-        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
+        return out + sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
 
     def _open_block(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._close_block()
@@ -133,11 +152,18 @@ class StreamEncoder:
     def _delta(self, delta: dict[str, Any], index: int) -> bytes:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
-    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes:
+    def feed(self, event: TurnEvent) -> bytes:
         if self._done:
             return b""
         out = self.begin()  # message_start must come first, even if begin() was skipped
-        if isinstance(event, TextDelta):
+        if isinstance(event, ReasoningDelta):
+            if not event.text:
+                return out
+            if self._block_kind != "thinking":
+                out += self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            self._thinking.append(event.text)
+            out += self._delta({"type": "thinking_delta", "thinking": event.text}, self._block)
+        elif isinstance(event, TextDelta):
             if not event.text:
                 return out
             if self._block_kind != "text":

@@ -12,11 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictStr
 
 from gateway.api.attachments import openai_part
+from gateway.api.codex_tools import LOCAL_SHELL, custom_call, custom_tool, local_shell_call, local_shell_tool
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
     UnitFloat,
     WireModel,
+    response_format,
     session_hints,
     string_tool_choice,
     validate,
@@ -48,12 +50,6 @@ class FunctionCallItem(WireModel):
     arguments: StrictStr = "{}"
 
 
-class FunctionCallOutputItem(WireModel):
-    type: Literal["function_call_output"]
-    call_id: StrictStr
-    output: object  # string or list of input_text parts; checked by hand
-
-
 class FunctionTool(WireModel):
     type: Literal["function"]
     name: Annotated[StrictStr, Field(min_length=1)]
@@ -75,6 +71,8 @@ class ResponsesRequest(WireModel):
     store: StrictBool | None = None
     prompt_cache_key: StrictStr | None = None
     previous_response_id: StrictStr | None = None
+    parallel_tool_calls: StrictBool | None = None
+    text: dict[str, Any] | None = None  # {"format": {...}, "verbosity": ...}
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,32 +134,48 @@ def _parse_input(raw: object) -> list[Message]:
             messages.append(Message(role, _parts_text(msg.content, f"{param}.content", allowed)))
         elif kind == "function_call":
             fc = validate(FunctionCallItem, item, ("input", i))
-            call = ToolCall(fc.call_id, fc.name, fc.arguments)
             call_names[fc.call_id] = fc.name
-            # Responses lists each call as its own item; the neutral form keeps the calls of one
-            # assistant turn on that turn's message.
-            if messages and messages[-1].role == "assistant":
-                last = messages[-1]
-                messages[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
-            else:
-                messages.append(Message("assistant", "", tool_calls=(call,)))
-        elif kind == "function_call_output":
-            out = validate(FunctionCallOutputItem, item, ("input", i))
-            text = _parts_text(out.output, f"{param}.output")
+            _add_call(messages, ToolCall(fc.call_id, fc.name, fc.arguments))
+        elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+            call_id = item.get("call_id") or item.get("id")  # local_shell_call_output may carry only `id`
+            if not isinstance(call_id, str):
+                raise invalid(f"Missing required parameter: '{param}.call_id'.", f"{param}.call_id")
+            if "output" not in item:
+                raise invalid(f"Missing required parameter: '{param}.output'.", f"{param}.output")
+            text = _parts_text(item["output"], f"{param}.output")
             # The call may live in stored history the caller prepends, so no match is required here.
-            messages.append(Message("tool", text, tool_call_id=out.call_id, name=call_names.get(out.call_id)))
+            messages.append(Message("tool", text, tool_call_id=call_id, name=call_names.get(call_id)))
+        elif kind in ("custom_tool_call", "local_shell_call"):
+            call = custom_call(item, param) if kind == "custom_tool_call" else local_shell_call(item, param)
+            call_names[call.id] = call.name
+            _add_call(messages, call)
         else:
-            continue  # reasoning, web_search_call, ...: nothing the local model can use
+            continue  # reasoning (dropped from the prompt), web_search_call, ...: nothing to render
     return messages
+
+
+def _add_call(messages: list[Message], call: ToolCall) -> None:
+    # Responses lists each call as its own item; the neutral form keeps the calls of one
+    # assistant turn on that turn's message.
+    if messages and messages[-1].role == "assistant":
+        last = messages[-1]
+        messages[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
+    else:
+        messages.append(Message("assistant", "", tool_calls=(call,)))
 
 
 def _parse_tools(raw: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
     specs: list[ToolSpec] = []
     for i, item in enumerate(raw or ()):
-        if item.get("type") != "function":
-            continue  # hosted tools (web_search, file_search, custom, ...) cannot run locally
-        tool = validate(FunctionTool, item, ("tools", i))
-        specs.append(ToolSpec(tool.name, tool.description or "", tool.parameters or {}))
+        kind = item.get("type")
+        if kind == "function":
+            tool = validate(FunctionTool, item, ("tools", i))
+            specs.append(ToolSpec(tool.name, tool.description or "", tool.parameters or {}))
+        elif kind == "custom":
+            specs.append(custom_tool(item, i))
+        elif kind == LOCAL_SHELL:
+            specs.append(local_shell_tool())
+        # hosted tools (web_search, file_search, ...) cannot run locally: dropped
     return tuple(specs)
 
 
@@ -172,7 +186,9 @@ def _parse_tool_choice(raw: object, tools: tuple[ToolSpec, ...]) -> str | dict[s
         return string_tool_choice(raw)
     if not isinstance(raw, dict):
         raise invalid("Invalid type for 'tool_choice': expected a string or an object.", "tool_choice")
-    if raw.get("type") != "function":
+    if raw.get("type") == LOCAL_SHELL and any(t.name == LOCAL_SHELL for t in tools):
+        return {"name": LOCAL_SHELL}
+    if raw.get("type") not in ("function", "custom"):
         return None  # a hosted tool or an allowed-tools list: those tools were dropped above
     name = raw.get("name")
     if not isinstance(name, str):
@@ -204,6 +220,8 @@ def parse_request(body: object, headers: Mapping[str, str]) -> Conversation:
         hints=session_hints(body, headers),
         model=req.model,
         stream=bool(req.stream),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        response_format=response_format((req.text or {}).get("format"), "text.format"),
     )
 
 

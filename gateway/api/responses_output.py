@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.api.codex_tools import call_item, wire_kinds, wire_tool
 from gateway.api.wire import (
     SSE_COMMENT_KEEPALIVE,
     sse_event,
@@ -14,9 +15,11 @@ from gateway.errors import ApiError
 from policies.conversation import (
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    TurnEvent,
 )
 
 
@@ -51,14 +54,14 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {
-        "type": "function_call",
+        "type": "reasoning",
         "id": item_id,
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": call.arguments,
         "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
     }
 
 
@@ -95,16 +98,13 @@ class _ResponseShell:
             "max_output_tokens": conv.params.max_tokens,
             "model": conv.model,
             "output": output,
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": conv.parallel_tool_calls,
             "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None},
             "temperature": conv.params.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": conv.response_format or {"type": "text"}},
             "tool_choice": {"type": "function", **choice} if isinstance(choice, dict) else (choice or "auto"),
-            "tools": [
-                {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-                for t in conv.tools
-            ],
+            "tools": [wire_tool(t) for t in conv.tools],
             "top_p": conv.params.top_p,
             "truncation": "disabled",
             "usage": usage,
@@ -120,15 +120,19 @@ def complete_response(
     text: str,
     tool_calls: Sequence[ToolCall],
     finished: Finished,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """The non-streaming response object."""
     shell = _ResponseShell(conv, response_id, created)
     incomplete = finished.finish_reason == "length"
     output: list[dict[str, Any]] = []
+    if reasoning:
+        output.append(_reasoning_item(shell.item_id("rs", 0), reasoning, "completed"))
     if text:
-        output.append(_message_item(shell.item_id("msg", 0), text, "incomplete" if incomplete else "completed"))
+        output.append(_message_item(shell.item_id("msg", len(output)), text, "incomplete" if incomplete else "completed"))
+    kinds = wire_kinds(conv.tools)
     for call in tool_calls:
-        output.append(_call_item(shell.item_id("fc", len(output)), call, "completed"))
+        output.append(call_item(kinds.get(call.name), shell.item_id("fc", len(output)), call, "completed"))
     return shell.body("incomplete" if incomplete else "completed", output, usage=_usage(finished))
 
 
@@ -148,6 +152,8 @@ class StreamEncoder:
         self._output: list[dict[str, Any]] = []  # finished items, for the final response object
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._open_call: int | None = None  # ToolCallDelta.index of the open function_call
+        self._kinds = wire_kinds(conv.tools)  # custom / local_shell tools: items of their own type
+        self._call: ToolCall | None = None  # the open call of such a tool, its arguments so far
 
     def _event(self, event_type: str, /, **fields: Any) -> bytes:
         data = {"type": event_type, "sequence_number": self._seq, **fields}
@@ -174,7 +180,18 @@ class StreamEncoder:
         index = len(self._output)
         item["status"] = status
         out = b""
-        if item["type"] == "message":
+        if self._call is not None:  # custom / local_shell: the item is only known whole
+            item = call_item(self._kinds.get(self._call.name), item["id"], self._call, status)
+            self._call = None
+        elif item["type"] == "reasoning":
+            out += self._event(
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=item["content"][0]["text"],
+            )
+        elif item["type"] == "message":
             part = item["content"][0]
             out += self._event(
                 "response.output_text.done",
@@ -187,7 +204,7 @@ class StreamEncoder:
             out += self._event(
                 "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
             )
-        else:
+        elif item["type"] == "function_call":
             out += self._event(
                 "response.function_call_arguments.done",
                 item_id=item["id"],
@@ -200,15 +217,31 @@ class StreamEncoder:
 
     def _add_item(self, item: dict[str, Any]) -> bytes:
         self._open = item
-        shown = {**item, "content": []} if item["type"] == "message" else item
+        shown = {**item, "content": []} if item["type"] in ("message", "reasoning") else item
         return self._event("response.output_item.added", output_index=len(self._output), item=shown)
 
-    def feed(self, event: TextDelta | ToolCallDelta | Finished) -> bytes:
+    def feed(self, event: TurnEvent) -> bytes:
         if self._done:
             return b""
         out = self.begin()  # response.created must come first, even if begin() was skipped
         index = len(self._output)
-        if isinstance(event, TextDelta):
+        if isinstance(event, ReasoningDelta):
+            if not event.text:
+                return out
+            if self._open is None or self._open["type"] != "reasoning":
+                out += self._close()
+                index = len(self._output)
+                out += self._add_item(_reasoning_item(self._shell.item_id("rs", index), "", "in_progress"))
+            assert self._open is not None
+            self._open["content"][0]["text"] += event.text
+            out += self._event(
+                "response.reasoning_text.delta",
+                item_id=self._open["id"],
+                output_index=index,
+                content_index=0,
+                delta=event.text,
+            )
+        elif isinstance(event, TextDelta):
             if not event.text:
                 return out
             if self._open is None or self._open["type"] != "message":
@@ -239,10 +272,14 @@ class StreamEncoder:
                 out += self._close()
                 index = len(self._output)
                 call = ToolCall(event.call.id, event.call.name, "")
-                out += self._add_item(_call_item(self._shell.item_id("fc", index), call, "in_progress"))
+                kind = self._kinds.get(call.name)
+                out += self._add_item(call_item(kind, self._shell.item_id("fc", index), call, "in_progress"))
                 self._open_call = event.index
+                self._call = call if kind else None
             assert self._open is not None
-            if event.call.arguments:
+            if self._call is not None:  # no argument deltas for these: the whole item comes at the end
+                self._call = ToolCall(self._call.id, self._call.name, self._call.arguments + event.call.arguments)
+            elif event.call.arguments:
                 self._open["arguments"] += event.call.arguments
                 out += self._event(
                     "response.function_call_arguments.delta",

@@ -122,3 +122,35 @@ def string_tool_choice(raw: str) -> str:
             "tool_choice",
         )
     return raw
+
+
+def response_format(raw: object, param: str) -> dict[str, Any] | None:
+    """Chat `response_format` or Responses `text.format` in the neutral shape (None for text).
+
+    Chat nests the schema ({"type": "json_schema", "json_schema": {"name", "schema", ...}});
+    Responses flattens it ({"type": "json_schema", "name", "schema", ...}).
+    """
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise invalid(
+            f"Invalid value for '{param}.type': expected 'text', 'json_object' or 'json_schema'.", f"{param}.type"
+        )
+    assert isinstance(raw, dict)
+    spec = raw.get("json_schema") if isinstance(raw.get("json_schema"), dict) else raw
+    where = f"{param}.json_schema" if spec is not raw else param
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid(f"Invalid type for '{where}.schema': expected an object.", f"{where}.schema")
+    name = spec.get("name")
+    return {
+        "type": "json_schema",
+        "name": name if isinstance(name, str) and name else "response",
+        "schema": schema,
+        "strict": spec.get("strict") is True,
+    }
