@@ -21,6 +21,11 @@ class EngineUnavailable(Exception):
     """The engine (e.g. an upstream server) cannot be reached."""
 
 
+class PromptRejected(Exception):
+    """The model's chat template refused the conversation (its raise_exception), even after the
+    roles were normalised: a client error, not a server one."""
+
+
 class EngineRejected(Exception):
     """The engine refused the request (an upstream's 4xx/5xx), with the status to pass on."""
 

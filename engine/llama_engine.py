@@ -22,12 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone, PreparedPrompt, SavedState, StateTier
-from engine.chat_templates import ChatTemplate, select_template
+from engine.base import (
+    EngineBusy,
+    EngineEvent,
+    EngineUnavailable,
+    PrefillDone,
+    PreparedPrompt,
+    PromptRejected,
+    SavedState,
+    StateTier,
+)
+from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
 from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolSpec, Usage
+from policies.roles import alternate_roles
 
 log = logging.getLogger("pflash.engine")
 
@@ -144,8 +154,20 @@ class LlamaEngine:
     def count_tokens(self, text: str) -> int:
         return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        """The prompt text; a template that refuses the conversation as sent (roles must
+        alternate, ...) gets it with normalised roles, and a second refusal is PromptRejected."""
+        try:
+            return self.template.render(messages, tools, add_generation_prompt=True)
+        except ChatTemplateError:
+            pass
+        try:
+            return self.template.render(alternate_roles(messages), tools, add_generation_prompt=True)
+        except ChatTemplateError as exc:
+            raise PromptRejected(str(exc)) from exc
+
     async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
-        text = self.template.render(messages, tools, add_generation_prompt=True)
+        text = self.render(messages, tools)
         tokens = await asyncio.to_thread(self.tokenize, text)
         return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens))
 

@@ -168,6 +168,7 @@ class UpstreamEngine:
         return self._stream(session_id, prompt, params)
 
     async def _stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
+        room = max(1, self.n_ctx - prompt.n_tokens)
         body: dict[str, Any] = {
             "model": self._opts.model or self.model_id,
             "messages": to_openai_messages(prompt.messages),
@@ -175,7 +176,8 @@ class UpstreamEngine:
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "max_tokens": params.max_tokens or max(1, self.n_ctx - prompt.n_tokens),
+            # Clamped to what fits: Claude Code asks for 32K-64K, which vLLM refuses as an overflow.
+            "max_tokens": min(params.max_tokens or room, room),
             "user": session_id[:32],  # lets an upstream route a session to the same replica
         }
         if params.stop:
@@ -198,7 +200,11 @@ class UpstreamEngine:
                     started = True
                     yield PrefillDone(prompt.n_tokens, 0, "upstream")
                 if data.get("error"):
-                    raise EngineRejected(502, f"upstream error: {data['error']}")
+                    error = data["error"]
+                    message = str(error.get("message") if isinstance(error, dict) else error)
+                    if _is_overflow(message):
+                        raise EngineRejected(400, message, "context_length_exceeded")
+                    raise EngineRejected(502, f"upstream error mid-answer: {message}")
                 usage = data.get("usage") or usage
                 for choice in data.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -260,6 +266,11 @@ class UpstreamEngine:
         raise EngineUnavailable(f"upstream {self._base} unreachable")
 
 
+def _is_overflow(message: str) -> bool:
+    lowered = message.lower()
+    return "context" in lowered or "too long" in lowered or "maximum" in lowered
+
+
 def _rejection(status: int, text: str) -> EngineRejected:
     try:
         error = json.loads(text).get("error") or {}
@@ -267,17 +278,44 @@ def _rejection(status: int, text: str) -> EngineRejected:
     except (ValueError, AttributeError):
         message = text[:500]
     message = message or f"upstream answered {status}"
-    lowered = message.lower()
-    if status in (400, 413) and ("context" in lowered or "too long" in lowered or "maximum" in lowered):
+    if status in (400, 413) and _is_overflow(message):
         return EngineRejected(400, message, "context_length_exceeded")
+    if status in (401, 403):
+        # The gateway's own credentials or configuration, not the client's request.
+        return EngineRejected(502, f"the upstream refused the gateway's credentials (HTTP {status}: {message}); "
+                                   "check the upstream API key")
+    if status == 404:
+        return EngineRejected(502, f"the upstream has no such endpoint or model (HTTP 404: {message}); "
+                                   "check the upstream URL and model name")
     if 400 <= status < 500:
         return EngineRejected(400 if status != 429 else 429, f"upstream rejected the request: {message}")
     return EngineRejected(502, f"upstream error {status}: {message}")
 
 
+# One SSE line may carry a whole tool call's arguments (a file written in one go): far over
+# aiohttp's 128 KiB readline limit, so lines are split here with a generous cap of our own.
+MAX_SSE_LINE = 16 * 1024 * 1024
+
+
+async def _sse_lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    buffer = b""
+    try:
+        async for chunk in response.content.iter_any():
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                yield line
+            if len(buffer) > MAX_SSE_LINE:
+                raise EngineRejected(502, f"the upstream sent an SSE line over {MAX_SSE_LINE // (1024 * 1024)} MiB")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise EngineRejected(502, f"the upstream stream broke mid-answer: {exc or type(exc).__name__}") from exc
+    if buffer:
+        yield buffer
+
+
 async def _sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of an SSE stream's `data:` lines, until [DONE]."""
-    async for raw in response.content:
+    async for raw in _sse_lines(response):
         line = raw.decode("utf-8", errors="replace").strip()
         if not line.startswith("data:"):
             continue

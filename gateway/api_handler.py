@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from engine.base import EngineBusy, EngineEvent, EngineRejected, EngineUnavailable, PrefillDone
-from gateway.errors import ApiError, ApiFlavor, ErrorKind
+from gateway.errors import ApiError, ApiFlavor, ErrorKind, overloaded
 from gateway.metrics import note_first_output
 from gateway.state import APP_STATE, TENANT
 from gateway.turns import Turn
@@ -139,7 +139,7 @@ async def handle_turn(
         try:
             events = state.turns.stream(turn)
         except EngineBusy as exc:
-            raise ApiError(503, "the engine is busy; retry shortly", "overloaded_error", retry_after=exc.retry_after) from None
+            raise overloaded("the engine is busy; retry shortly", exc.retry_after) from None
         response_id = f"{adapter.id_prefix}{secrets.token_hex(12)}"
         created = int(time.time())
         if on_reply is not None:
@@ -158,7 +158,7 @@ async def _complete(
     calls: list[ToolCall] = []
     finished: Finished | None = None
     try:
-        async for event in events:
+        async for event in _until_client_leaves(request, events):
             if not isinstance(event, PrefillDone):
                 note_first_output(request)  # time to first token (or to the end of an empty answer)
             if isinstance(event, TextDelta):
@@ -169,6 +169,8 @@ async def _complete(
                 calls.append(event.call)
             elif isinstance(event, Finished):
                 finished = event
+    except ConnectionResetError:
+        raise  # our client left: nothing to answer (the middleware logs it)
     except (EngineUnavailable, EngineRejected, OSError) as exc:
         raise engine_error(exc) from None
     finally:
@@ -197,9 +199,11 @@ async def _stream(
     # An engine that fails at once (an upstream that is down) still gets a real HTTP status.
     await asyncio.wait({pending}, timeout=state.settings.keepalive_seconds)
     if pending.done() and isinstance(pending.exception(), (EngineUnavailable, EngineRejected)):
-        failure = pending.exception()
+        failure = engine_error(pending.exception())  # type: ignore[arg-type]
         await _close(events)
-        raise engine_error(failure) from None  # type: ignore[arg-type]
+        if adapter.flavor == "responses" and failure.code == "context_length_exceeded":
+            return await _failed_stream(request, adapter, turn.conversation, failure)  # Codex compacts on it
+        raise failure from None
     try:
         await response.prepare(request)
         await response.write(encoder.begin(turn.prompt.n_tokens, 0))
@@ -240,6 +244,33 @@ async def _stream(
     return response
 
 
+# How often a non-streaming turn checks that its client is still connected.
+DISCONNECT_POLL_SECONDS = 0.5
+
+
+def client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _until_client_leaves(request: web.Request, events: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
+    """The events, polling the connection between them: aiohttp does not cancel a handler whose
+    client left, and a non-streaming turn writes nothing that would notice. A client that left
+    ends the turn (ConnectionResetError); closing `events` then stops the engine at its next token."""
+    iterator = events.__aiter__()
+    while True:
+        pending = asyncio.ensure_future(iterator.__anext__())
+        while not (await asyncio.wait({pending}, timeout=DISCONNECT_POLL_SECONDS))[0]:
+            if client_gone(request):
+                pending.cancel()
+                log.info("client went away before the answer; generation cancelled")
+                raise ConnectionResetError("client disconnected")
+        try:
+            yield pending.result()
+        except StopAsyncIteration:
+            return
+
+
 def engine_error(exc: BaseException) -> ApiError:
     """An engine failure as the client should see it: an upstream's refusal keeps its status
     (a context overflow stays a 400), an unreachable engine is a 503 with Retry-After."""
@@ -248,7 +279,7 @@ def engine_error(exc: BaseException) -> ApiError:
         status = exc.status if exc.status in (400, 429) else 502
         return ApiError(status, exc.message, kinds.get(status, "api_error"), code=exc.code,
                         retry_after=1 if status == 429 else None)
-    return ApiError(503, f"engine unavailable: {exc}", "overloaded_error", retry_after=5)
+    return overloaded(f"engine unavailable: {exc}", 5)
 
 
 async def _tap_reply(events: AsyncIterator[EngineEvent], done: Callable[[Message], None]) -> AsyncIterator[EngineEvent]:

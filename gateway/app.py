@@ -28,7 +28,7 @@ from gateway.api_handler import (
 )
 from gateway.compressor import CompressionSettings
 from gateway.config import Settings
-from gateway.errors import ApiError, ApiFlavor, error_body
+from gateway.errors import ApiError, ApiFlavor, error_body, http_status
 from gateway.limits import ConcurrencyLimiter
 from gateway.metrics import install as install_metrics
 from gateway.response_history import ResponseHistory
@@ -72,7 +72,7 @@ def flavor_for(path: str) -> ApiFlavor:
 
 def error_response(err: ApiError, flavor: ApiFlavor) -> web.Response:
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
-    return web.json_response(error_body(err, flavor), status=err.status, headers=headers)
+    return web.json_response(error_body(err, flavor), status=http_status(err, flavor), headers=headers)
 
 
 @web.middleware
@@ -142,12 +142,13 @@ def turn_route(adapter: ApiAdapter) -> Callable[[web.Request], Awaitable[web.Str
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    """Anthropic count_tokens: counted on what the model would see, after compression."""
+    """Anthropic count_tokens: the prompt as the model would read it; no session state changes."""
     state = request.app[APP_STATE]
     conv = await parse_conversation(request, ANTHROPIC_COUNT)
-    # An over-long prompt is still counted: the client asks precisely to learn whether it fits.
-    turn = await state.turns.prepare(conv, request.get(TENANT, ""), check_overflow=False)
-    return web.json_response({"input_tokens": turn.prompt.n_tokens})
+    tenant = request.get(TENANT, "")
+    async with state.limiter.slot(tenant):  # counting tokenizes the whole prompt: it counts as a request
+        # An over-long prompt is still counted: the client asks precisely to learn whether it fits.
+        return web.json_response({"input_tokens": await state.turns.count(conv, tenant)})
 
 
 async def responses(request: web.Request) -> web.StreamResponse:

@@ -53,6 +53,8 @@ class MessageCompressor:
         self.scorer = scorer
         self.settings = settings
         self._curve = parse_curve(settings.budget_curve)
+        # The least any message keeps (the overflow check before compression uses it).
+        self.smallest_keep_fraction = min(fraction for _tokens, fraction in self._curve)
         self._segments: OrderedDict[str, tuple[list[str], list[int], list[Unit]]] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -46,9 +46,21 @@ def context_overflow(prompt_tokens: int, limit: int) -> ApiError:
     )
 
 
+def overloaded(message: str, retry_after: int) -> ApiError:
+    """Busy or briefly unavailable: every SDK retries it after Retry-After."""
+    return ApiError(503, message, "overloaded_error", code="server_is_overloaded", retry_after=retry_after)
+
+
+def http_status(err: ApiError, flavor: ApiFlavor) -> int:
+    # Anthropic's own status for overloaded is 529 (its SDK and Claude Code retry it).
+    return 529 if flavor == "anthropic" and err.kind == "overloaded_error" else err.status
+
+
 def error_body(err: ApiError, flavor: ApiFlavor) -> dict[str, Any]:
     """The JSON body of an error response in the client's API shape."""
     if flavor == "anthropic":
         return {"type": "error", "error": {"type": err.kind, "message": err.message}}
-    body: dict[str, Any] = {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}
+    # overloaded_error is Anthropic's word; OpenAI says server_error + code server_is_overloaded.
+    kind = "server_error" if err.kind in ("overloaded_error", "api_error") else err.kind
+    body: dict[str, Any] = {"message": err.message, "type": kind, "param": err.param, "code": err.code}
     return {"error": body}

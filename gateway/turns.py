@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
+from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.scorers import Scorer, feature_store_of
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
-from gateway.errors import context_overflow
+from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn
 from policies.admission import admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
@@ -75,22 +76,52 @@ class TurnService:
     def _count(self, name: str, amount: float = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
 
-    async def prepare(self, conv: Conversation, tenant: str, check_overflow: bool = True) -> Turn:
-        """`check_overflow=False` for counting only (count_tokens must report a size, not refuse it)."""
+    async def prepare(self, conv: Conversation, tenant: str) -> Turn:
         identity = resolve_session(conv, tenant)
         record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
+        await self._refuse_hopeless_overflow(conv, record)
         messages, report, recall = await self.rewrite(conv.messages, record)
-        prompt = await self.engine.prepare(messages, conv.tools)
-        if check_overflow and prompt.n_tokens >= self.engine.n_ctx:
+        prompt = await self._prepare_prompt(messages, conv)
+        if prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
         return Turn(identity, record, conv, prompt, report, recall)
+
+    async def count(self, conv: Conversation, tenant: str) -> int:
+        """The prompt's size as the model would read it, for count_tokens: history as served,
+        new messages whole (an upper bound: no compression or recall is run). Changes no state:
+        no session record is created, nothing is compressed, nothing is logged for recall."""
+        identity = resolve_session(conv, tenant)
+        record = self.registry.find(identity.session_id, tenant)
+        messages = conv.messages if record is None else self._served_history(conv.messages, record)
+        return (await self._prepare_prompt(messages, conv)).n_tokens
+
+    async def _prepare_prompt(self, messages: Sequence[Message], conv: Conversation) -> PreparedPrompt:
+        try:
+            return await self.engine.prepare(messages, conv.tools)
+        except PromptRejected as exc:
+            raise invalid(f"the model's chat template refused this conversation: {exc}", "messages") from None
+
+    def _served_history(self, messages: Sequence[Message], record: SessionRecord) -> tuple[Message, ...]:
+        return tuple(recalled_turn(m, i, record) or self._as_served(m, record) for i, m in enumerate(messages))
+
+    async def _refuse_hopeless_overflow(self, conv: Conversation, record: SessionRecord) -> None:
+        """The overflow 400 before compression when even the smallest budget cannot make the
+        prompt fit: no scorer time is spent and no kept-line map is stored for a refused turn."""
+        candidate = self._compression_candidate(conv.messages, record)
+        if candidate is None:
+            return  # nothing to compress: the check after rewriting is the same check
+        _index, tokens = candidate
+        whole = await self._prepare_prompt(self._served_history(conv.messages, record), conv)
+        floor = whole.n_tokens - tokens + math.ceil(tokens * self.compressor.smallest_keep_fraction)
+        if floor >= self.engine.n_ctx:
+            raise context_overflow(whole.n_tokens, self.engine.n_ctx)
 
     async def rewrite(
         self, messages: Sequence[Message], record: SessionRecord
     ) -> tuple[tuple[Message, ...], CompressionReport | None, RecallReport | None]:
         """History from the kept-line maps and recall log; at most one new long message of this
         turn compressed; a new question checked by the recall gate."""
-        served = [recalled_turn(m, i, record) or self._as_served(m, record) for i, m in enumerate(messages)]
+        served = list(self._served_history(messages, record))
         candidate = self._compression_candidate(messages, record)
         report = None
         if candidate is not None:

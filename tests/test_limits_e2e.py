@@ -100,8 +100,8 @@ def wait_for_queue_depth(server: Gateway, depth: float, worker: threading.Thread
     return False
 
 
-def test_per_key_concurrency_429_and_full_queue_503(limited: Gateway) -> None:
-    """While k1's long turn runs: k1 again → 429 (its one slot is taken); k2 → 503 (queue of one)."""
+def test_per_key_concurrency_429_and_full_queue_503_529(limited: Gateway) -> None:
+    """While k1's long turn runs: k1 again → 429 (its one slot is taken); k2 → 503/529 (queue of one)."""
     outcome: dict[str, httpx.Response] = {}
 
     def slow_turn() -> None:
@@ -129,8 +129,9 @@ def test_per_key_concurrency_429_and_full_queue_503(limited: Gateway) -> None:
     assert still_running, "the long turn ended before the limits were probed: make it longer"
     anthropic_error(busy_key, 429, "rate_limit_error")
     openai_error(busy_stream, 429, "rate_limit_error")
-    openai_error(full_queue, 503, "overloaded_error")
-    anthropic_error(full_queue_anthropic, 503, "overloaded_error")
+    # Busy in each API's own words: OpenAI 503 server_error/server_is_overloaded, Anthropic 529.
+    assert openai_error(full_queue, 503, "server_error")["code"] == "server_is_overloaded"
+    anthropic_error(full_queue_anthropic, 529, "overloaded_error")
     for response in (busy_key, busy_stream, full_queue, full_queue_anthropic):
         assert int(response.headers["Retry-After"]) >= 1
     assert outcome["slow"].status_code == 200, outcome["slow"].text
