@@ -193,7 +193,9 @@ async def health(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[APP_STATE]
-    entry = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "pflash-gateway"}
+    entry = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "pflash-gateway",
+             # The context size, as vLLM names it, so clients can set their compaction window from it.
+             "max_model_len": state.engine.n_ctx}
     return web.json_response({"object": "list", "data": [entry]})
 
 
