@@ -140,5 +140,8 @@ def test_structured_output_and_parallel_flags_are_parsed_in_every_api() -> None:
     ant = messages_api.parse_request(claude_code_body(tool_choice={"type": "any", "disable_parallel_tool_use": True}), {})
     assert ant.tool_choice == "required" and ant.parallel_tool_calls is False
     assert messages_api.parse_request(claude_code_body(), {}).parallel_tool_calls is True
+    structured = claude_code_body(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}})
+    assert messages_api.parse_request(structured, {}).response_format == {
+        "type": "json_schema", "name": "response", "schema": schema, "strict": True}
     resp = responses_api.parse_request(codex_body(tool_choice={"type": "custom", "name": "apply_patch"}), {})
     assert resp.tool_choice == {"name": "apply_patch"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import inspect
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from anthropic.resources.messages import Messages
+from openai.resources.responses import Responses
 
 from tests.conftest import Gateway
 
@@ -188,10 +191,14 @@ CODEX_CASES: dict[str, dict[str, Any]] = {
 # Replaying through the SDKs, then the client's own next turn
 # --------------------------------------------------------------------------------------------
 
-_ANTHROPIC_ARGS = {"model", "max_tokens", "messages", "system", "tools", "tool_choice", "metadata", "temperature",
-                   "thinking", "stop_sequences", "top_p"}
-_RESPONSES_ARGS = {"model", "instructions", "input", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
-                   "store", "include", "prompt_cache_key", "max_output_tokens", "temperature", "text"}
+def _params(method: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(method).parameters)
+
+
+# What this SDK version takes as arguments; the rest of a body travels as extra_body, as is.
+_ANTHROPIC_ARGS = _params(Messages.create)
+_COUNT_ARGS = _params(Messages.count_tokens)
+_RESPONSES_ARGS = _params(Responses.create)
 
 
 def _split(body: dict[str, Any], known: set[str]) -> dict[str, Any]:
@@ -272,9 +279,8 @@ def test_agent_request_gets_a_200_and_so_does_its_next_turn(any_gateway: Gateway
 def test_count_tokens_accepts_every_claude_code_shape(any_gateway: Gateway) -> None:
     client = anthropic.Anthropic(base_url=any_gateway.url, api_key="x", max_retries=0, timeout=120)
     for body in CLAUDE_CODE_CASES.values():
-        args = {k: v for k, v in _split(body, _ANTHROPIC_ARGS).items() if k not in ("max_tokens", "temperature")}
-        args.pop("metadata", None)
-        assert client.messages.count_tokens(**args).input_tokens > 0
+        counted = {k: v for k, v in body.items() if k not in ("max_tokens", "temperature", "metadata")}
+        assert client.messages.count_tokens(**_split(counted, _COUNT_ARGS)).input_tokens > 0
 
 
 @pytest.mark.parametrize("api", ["claude_code", "chat", "codex"])
@@ -295,7 +301,9 @@ def test_stream_accumulates_to_the_non_streaming_answer(gateway: Gateway, api: s
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0, timeout=300)
         plain = send_chat(gateway, body, uuid.uuid4().hex)
         with client.chat.completions.stream(**body, extra_headers={"x-session-id": uuid.uuid4().hex}) as stream:
-            streamed = stream.get_final_completion()
+            for _event in stream:
+                pass
+            streamed = stream.current_completion_snapshot  # get_final_completion() refuses finish "length"
         assert streamed.choices[0].message.content == plain.choices[0].message.content
         assert streamed.choices[0].finish_reason == plain.choices[0].finish_reason
     else:

@@ -88,8 +88,12 @@ class MessagesRequest(WireModel):
     temperature: UnitFloat | None = None
     top_p: UnitFloat | None = None
     metadata: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None  # accepted; the local model does not think out loud
+    thinking: dict[str, Any] | None = None  # accepted; reasoning is parsed from the model's markup
     stream: StrictBool | None = None
+    # Structured outputs: output_config.format (GA) or output_format (the earlier beta), both
+    # {"type": "json_schema", "schema": {...}}.
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
 
 
 class CountTokensRequest(MessagesRequest):
@@ -235,6 +239,17 @@ def _parse_tool_choice(choice: AnthropicToolChoice | None, tools: tuple[ToolSpec
     )
 
 
+def _output_format(req: MessagesRequest) -> dict[str, Any] | None:
+    nested = (req.output_config or {}).get("format")
+    raw, param = (nested, "output_config.format") if nested is not None else (req.output_format, "output_format")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or raw.get("type") != "json_schema" or not isinstance(raw.get("schema"), dict):
+        raise invalid(f"{param}: expected {{\"type\": \"json_schema\", \"schema\": {{...}}}}.", param)
+    # Anthropic's structured outputs are always strict.
+    return {"type": "json_schema", "name": "response", "schema": raw["schema"], "strict": True}
+
+
 def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str]) -> Conversation:
     messages: list[Message] = []
     if req.system is not None:
@@ -275,6 +290,7 @@ def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str
         model=req.model,
         stream=bool(req.stream),
         parallel_tool_calls=not (req.tool_choice and req.tool_choice.disable_parallel_tool_use),
+        response_format=_output_format(req),
     )
 
 
