@@ -1,0 +1,192 @@
+"""Client faults and engine trouble are never a 5xx the client caused, and nobody generates for a
+client that left: through the real engine, and through an upstream that misbehaves on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from engine.base import PromptRejected
+from engine.chat_templates import select_template
+from gateway.process import free_port
+from metrics_util import scrape, total, value
+from policies.conversation import Message
+from tests.conftest import Gateway
+
+pytestmark = pytest.mark.engine
+
+
+def test_nonstreaming_client_that_leaves_stops_its_generation(gateway: Gateway) -> None:
+    body = {"model": "m", "max_tokens": 3000, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write the numbers from 1 to 2000, one per line, nothing else."}]}
+    before = value(scrape(gateway.url), "pflash_completion_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=3))
+    left = time.monotonic()
+    while value(scrape(gateway.url), "pflash_queue_depth") > 0:
+        assert time.monotonic() - left < 5, "the engine kept generating for a client that left"
+        time.sleep(0.2)
+    generated = value(scrape(gateway.url), "pflash_completion_tokens_total") - before
+    assert generated < 1500, generated  # far from the 3000 asked for: it stopped when the client left
+
+
+def test_count_tokens_creates_no_session(gateway: Gateway) -> None:
+    session = "count-" + uuid.uuid4().hex
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        {"type": "text", "text": "How many tokens?"}]}]}
+    counted = httpx.post(gateway.url + "/v1/messages/count_tokens", json=body, headers={"x-session-id": session},
+                         timeout=60)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    assert httpx.get(f"{gateway.url}/v1/sessions/{session}", timeout=30).status_code == 404
+
+
+def test_hopeless_overflow_is_refused_before_compression(gateway: Gateway) -> None:
+    """A tool result so long that even the smallest budget (0.3 here) cannot fit 4096 tokens."""
+    huge = "\n".join(f"line {i}: value={i * 7919 % 10007} status=ok" for i in range(2500))
+    body = {"model": "m", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "Read the log."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": huge}]}]}
+    before = total(scrape(gateway.url), "pflash_compression_events_total")
+    refused = httpx.post(gateway.url + "/v1/messages", json=body, headers={"x-session-id": uuid.uuid4().hex},
+                         timeout=120)
+    assert refused.status_code == 400 and "prompt is too long" in refused.json()["error"]["message"]
+    assert total(scrape(gateway.url), "pflash_compression_events_total") == before  # the scorer never ran
+
+
+def test_template_refusal_is_normalised_then_named(model_path: Path) -> None:
+    """The real engine with a strict-alternation template: user,user and mid-history system text
+    are normalised; an assistant turn first is PromptRejected (the gateway's 400)."""
+    from engine.llama_engine import LlamaEngine, LlamaOptions
+
+    engine = LlamaEngine(LlamaOptions(model_path, "sha", n_ctx=512))
+    strict = (
+        "{%- for m in messages -%}{%- if (m.role == 'user') != (loop.index0 % 2 == 0) -%}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+        "{%- endif -%}<{{ m.role }}>{{ m.content }}{%- endfor -%}<assistant>")
+    engine.template = select_template({"tokenizer.chat_template": strict})
+    text = engine.render([Message("user", "a"), Message("user", "b"), Message("assistant", "c"),
+                          Message("system", "note"), Message("user", "d")], [])
+    assert text == "<user>a\n\nb<assistant>c<user>note\n\nd<assistant>"
+    with pytest.raises(PromptRejected, match="must alternate"):
+        engine.render([Message("assistant", "first"), Message("user", "then")], [])
+
+
+# --------------------------------------------------------------------------------------------
+# An upstream that misbehaves on purpose (the model name picks the fault)
+# --------------------------------------------------------------------------------------------
+
+
+class FaultyUpstream:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.bodies: list[dict[str, Any]] = []
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "faulty", "max_model_len": 4096}]})
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            self.bodies.append(body)
+            fault = body["messages"][-1]["content"]
+            if fault in ("401", "403", "404"):
+                return web.json_response({"error": {"message": "nope"}}, status=int(fault))
+            if fault == "overflow":
+                return web.json_response({"error": {"message": "This model's maximum context length is 4096"}},
+                                         status=400)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+
+            def chunk(delta: dict[str, Any]) -> bytes:
+                return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode() + b"\n\n"
+
+            await response.write(chunk({"reasoning_content": "thinking"}) + chunk({"content": "Hello"}))
+            if fault == "break":
+                assert request.transport is not None
+                request.transport.close()  # the connection drops mid-answer
+                return response
+            if fault == "long line":  # one SSE line of 300 KB: a whole file in one tool call
+                await response.write(chunk({"content": "x" * 300_000}))
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_get("/v1/models", models)
+            app.router.add_post("/v1/chat/completions", chat)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            ready.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(serve())
+            self._loop.run_forever()
+
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait(10)
+
+
+@pytest.fixture
+def faulty(start_gateway, model_path: Path) -> Iterator[tuple[Gateway, FaultyUpstream]]:  # type: ignore[no-untyped-def]
+    upstream = FaultyUpstream()
+    yield start_gateway("--engine", "upstream", "--upstream-url", upstream.url, "--tokenizer", str(model_path),
+                        "--upstream-retries", "0"), upstream
+
+
+def ask(server: Gateway, path: str, fault: str, stream: bool = False) -> httpx.Response:
+    if path == "/v1/responses":
+        body: dict[str, Any] = {"model": "m", "input": fault, "stream": stream}
+    else:
+        body = {"model": "m", "max_tokens": 32000, "stream": stream, "messages": [{"role": "user", "content": fault}]}
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
+def test_upstream_faults_map_to_clear_client_answers(faulty: tuple[Gateway, FaultyUpstream]) -> None:
+    server, upstream = faulty
+    for fault in ("401", "403", "404"):  # the gateway's configuration, not the client's request
+        answer = ask(server, "/v1/messages", fault)
+        assert answer.status_code == 502 and "upstream" in answer.json()["error"]["message"], answer.text
+    chat = ask(server, "/v1/chat/completions", "401")
+    assert chat.status_code == 502 and "API key" in chat.json()["error"]["message"]
+
+    overflow = ask(server, "/v1/chat/completions", "overflow")
+    assert overflow.status_code == 400 and overflow.json()["error"]["code"] == "context_length_exceeded"
+    codex = ask(server, "/v1/responses", "overflow", stream=True)  # Codex compacts on response.failed
+    assert codex.status_code == 200
+    failed = [json.loads(line[6:]) for line in codex.text.splitlines() if line.startswith("data: ")][-1]
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["error"]["code"] == "context_length_exceeded"
+
+    # Claude Code's 32000 max_tokens is clamped to what fits the upstream's 4096 context.
+    assert ask(server, "/v1/messages", "fine").status_code == 200
+    assert 0 < upstream.bodies[-1]["max_tokens"] < 4096
+
+
+def test_upstream_stream_breaks_and_long_lines(faulty: tuple[Gateway, FaultyUpstream]) -> None:
+    server, _ = faulty
+    long = ask(server, "/v1/chat/completions", "long line")
+    assert long.status_code == 200, long.text
+    message = long.json()["choices"][0]["message"]
+    assert message["content"] == "Hello" + "x" * 300_000 and message["reasoning_content"] == "thinking"
+
+    broken = ask(server, "/v1/messages", "break", stream=True)  # the dialect's stream error, not a 500
+    assert broken.status_code == 200
+    assert "event: error" in broken.text and "upstream" in broken.text
+    plain = ask(server, "/v1/chat/completions", "break")
+    assert plain.status_code == 502 and "mid-answer" in plain.json()["error"]["message"]
