@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,22 +60,42 @@ def start_gateway(tmp_path: Path, model_path: Path) -> Iterator[type[Gateway]]:
         server.stop()
 
 
+def serve_in_thread(app: Any, port: int) -> None:
+    """Serve an aiohttp app on 127.0.0.1:`port` from a daemon thread with its own event loop."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    async def serve() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        ready.set()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve())
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(10)
+
+
 class RecordingProxy:
     """A pass-through HTTP proxy on 127.0.0.1 that records every JSON body sent upstream, so a
     test can see exactly what the upstream received."""
 
     def __init__(self, target: str) -> None:
-        import asyncio
-        import threading
-
         from aiohttp import ClientSession, web
 
         self.target = target.rstrip("/")
         self.bodies: list[dict] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
 
         async def forward(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
@@ -97,21 +118,9 @@ class RecordingProxy:
                         pass  # the gateway hung up early (a cancelled turn): nothing to relay
                     return response
 
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", forward)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            self._loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait(10)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        serve_in_thread(app, self.port)
 
     def chat_bodies(self) -> list[dict]:
         return [b for b in self.bodies if "messages" in b]

@@ -3,9 +3,7 @@ client that left: through the real engine, and through an upstream that misbehav
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,9 +17,9 @@ from aiohttp import web
 from engine.base import PromptRejected
 from engine.chat_templates import select_template
 from gateway.process import free_port
-from metrics_util import scrape, total, value
 from policies.conversation import Message
-from tests.conftest import Gateway
+from tests.conftest import Gateway, serve_in_thread
+from tests.metrics_util import scrape, total, value
 
 pytestmark = pytest.mark.engine
 
@@ -93,8 +91,6 @@ class FaultyUpstream:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.bodies: list[dict[str, Any]] = []
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
 
         async def models(request: web.Request) -> web.Response:
             return web.json_response({"data": [{"id": "faulty", "max_model_len": 4096}]})
@@ -124,22 +120,10 @@ class FaultyUpstream:
             await response.write(b"data: [DONE]\n\n")
             return response
 
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_get("/v1/models", models)
-            app.router.add_post("/v1/chat/completions", chat)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            self._loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait(10)
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        serve_in_thread(app, self.port)
 
 
 @pytest.fixture

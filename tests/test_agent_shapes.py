@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
-from test_api_adapters import (
+from gateway.api import chat as chat_api
+from gateway.api import chat_output, messages_output, responses_output
+from gateway.api import messages as messages_api
+from gateway.api import responses as responses_api
+from gateway.api.messages_output import thinking_signature
+from policies.conversation import ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
+from tests.test_api_adapters import (
     MODEL,
     anthropic_client,
     chat_body,
@@ -16,13 +22,6 @@ from test_api_adapters import (
     openai_client,
     sse_events,
 )
-
-from gateway.api import chat as chat_api
-from gateway.api import chat_output, messages_output, responses_output
-from gateway.api import messages as messages_api
-from gateway.api import responses as responses_api
-from gateway.api.messages_output import thinking_signature
-from policies.conversation import ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 
 THOUGHT = ["Let me ", "think."]
 EVENTS = [ReasoningDelta(THOUGHT[0]), ReasoningDelta(THOUGHT[1]), TextDelta("4"), finished("stop")]

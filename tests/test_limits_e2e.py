@@ -118,6 +118,8 @@ def test_per_key_concurrency_429_and_full_queue_503_529(limited: Gateway) -> Non
         busy_stream = httpx.post(limited.url + "/v1/chat/completions", headers=key("k1"), timeout=30,
                                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                        "max_tokens": 1, "stream": True})
+        busy_count = httpx.post(limited.url + "/v1/messages/count_tokens", headers={"x-api-key": "k1"}, timeout=30,
+                                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         full_queue = httpx.post(limited.url + "/v1/responses", headers=key("k2"), timeout=30,
                                 json={"model": "m", "input": "hi", "max_output_tokens": 1})
         full_queue_anthropic = httpx.post(
@@ -128,11 +130,12 @@ def test_per_key_concurrency_429_and_full_queue_503_529(limited: Gateway) -> Non
         worker.join(300)
     assert still_running, "the long turn ended before the limits were probed: make it longer"
     anthropic_error(busy_key, 429, "rate_limit_error")
+    anthropic_error(busy_count, 429, "rate_limit_error")  # counting takes a slot of the key too
     openai_error(busy_stream, 429, "rate_limit_error")
     # Busy in each API's own words: OpenAI 503 server_error/server_is_overloaded, Anthropic 529.
     assert openai_error(full_queue, 503, "server_error")["code"] == "server_is_overloaded"
     anthropic_error(full_queue_anthropic, 529, "overloaded_error")
-    for response in (busy_key, busy_stream, full_queue, full_queue_anthropic):
+    for response in (busy_key, busy_count, busy_stream, full_queue, full_queue_anthropic):
         assert int(response.headers["Retry-After"]) >= 1
     assert outcome["slow"].status_code == 200, outcome["slow"].text
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.wire import arguments_object
 from gateway.errors import invalid
 from policies.conversation import ToolCall, ToolSpec
 
@@ -88,25 +89,17 @@ def wire_kinds(tools: tuple[ToolSpec, ...]) -> dict[str, str]:
     return {t.name: t.wire_type for t in tools if isinstance(t, CodexToolSpec)}
 
 
-def _arguments(arguments: str) -> dict[str, Any]:
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def call_item(kind: str | None, item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
     """The output item for one model call: function_call, custom_tool_call or local_shell_call."""
     if kind == "custom":
-        args = _arguments(call.arguments)
+        args = arguments_object(call.arguments)
         text = args.get("input")
         # A model that answered with other keys still gets its text through rather than lost.
         text = text if isinstance(text, str) else (call.arguments if not args else json.dumps(args))
         return {"type": "custom_tool_call", "id": item_id, "status": status, "call_id": call.id, "name": call.name,
                 "input": text}
     if kind == LOCAL_SHELL:
-        args = _arguments(call.arguments)
+        args = arguments_object(call.arguments)
         command = args.get("command")
         if isinstance(command, str):  # a model that wrote one string means a shell line
             command = ["bash", "-lc", command]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from gateway.api.wire import (
+    arguments_object,
     sse_event,
     validate,
     with_prefix,
@@ -46,15 +46,6 @@ def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[s
     }
 
 
-def _tool_input(arguments: str) -> dict[str, Any]:
-    # `input` must be an object; arguments that are not one are dropped rather than crash clients.
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def thinking_signature(thinking: str) -> str:
     """The `signature` of a thinking block. Anthropic's is an encrypted blob that only its API can
     verify; this gateway's is a plain digest (history thinking is dropped, never verified), marked
@@ -78,7 +69,7 @@ def complete_response(
     if text:
         content.append({"type": "text", "text": text})
     for call in tool_calls:
-        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments_object(call.arguments)})
     stop_reason = _stop_reason(finished, bool(tool_calls))
     u = finished.usage
     return {

@@ -154,3 +154,13 @@ def response_format(raw: object, param: str) -> dict[str, Any] | None:
         "schema": schema,
         "strict": spec.get("strict") is True,
     }
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A tool call's JSON arguments as an object; arguments that are not one become {} rather
+    than crash a client that expects an object (Anthropic `input`, Codex's own tool items)."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
