@@ -24,9 +24,10 @@ from typing import Any
 
 from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone, PreparedPrompt, SavedState, StateTier
 from engine.chat_templates import ChatTemplate, select_template
+from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
-from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolSpec, Usage
+from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
 
 log = logging.getLogger("pflash.engine")
 
@@ -59,6 +60,7 @@ class _Job:
     params: SamplingParams
     max_new: int
     loop: asyncio.AbstractEventLoop
+    grammar: str | None = None  # GBNF every sampled token must fit
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -143,10 +145,28 @@ class LlamaEngine:
     def count_tokens(self, text: str) -> int:
         return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
-    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
+    async def prepare(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()
+    ) -> PreparedPrompt:
+        # The tools stay in the prompt even under tool_choice "none": the rendered system text, and
+        # so the KV prefix the session has cached, must not depend on one turn's choice. The
+        # grammar forbids the call markup instead (engine.constraints).
         text = self.template.render(messages, tools, add_generation_prompt=True)
+        grammar = await asyncio.to_thread(self._grammar, constraint, tools)
         tokens = await asyncio.to_thread(self.tokenize, text)
-        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens))
+        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens), constraint, grammar)
+
+    def _grammar(self, constraint: OutputConstraint, tools: Sequence[ToolSpec]) -> Grammar | None:
+        """The constraint's grammar, checked by llama.cpp's own parser (a failure is the client's 400)."""
+        grammar = grammar_for(constraint, tools, self.template.tool_format)
+        if grammar is None:
+            return None
+        sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.text.encode("utf-8"), b"root")
+        if not sampler:  # NULL: llama.cpp could not parse it (e.g. a schema pattern it cannot express)
+            param = "response_format" if constraint.response_format else "tools"
+            raise ConstraintError("llama.cpp cannot compile the grammar for this output constraint", param)
+        self._lib.llama_sampler_free(sampler)
+        return grammar
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,14 +191,18 @@ class LlamaEngine:
         assert prompt.tokens is not None
         room = self.n_ctx - prompt.n_tokens
         max_new = min(params.max_tokens or room, room)
-        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop())
+        grammar = prompt.grammar.text if prompt.grammar else None
+        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
         future = job.loop.run_in_executor(self._executor, self._run, job)
         future.add_done_callback(self._job_done)
         return self._relay(job, prompt)
 
     async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
-        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.tools else None
+        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.parses_tool_calls else None
+        # parallel_tool_calls=false: the grammar already allows one call; this also covers output
+        # it cannot shape (Llama 3's bare JSON calls in prose).
+        single_call = not prompt.constraint.parallel_tool_calls
         cached = 0
         try:
             while True:
@@ -195,6 +219,8 @@ class LlamaEngine:
                     has_calls = False
                     if tool_stream:
                         for event in tool_stream.finish():
+                            if single_call and isinstance(event, ToolCallDelta) and event.index > 0:
+                                continue
                             yield event
                         has_calls = tool_stream.has_tool_calls
                     reason = "tool_calls" if has_calls else ("length" if raw.finish_reason == "length" else "stop")
@@ -241,7 +267,10 @@ class LlamaEngine:
         job.emit(PrefillDone(len(tokens), reuse, restored_from))
 
         llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
-        sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        grammar = LlamaGrammar.from_string(job.grammar) if job.grammar else None
+        sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p, grammar=grammar)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(job.params.stop)
         produced = 0

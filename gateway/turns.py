@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
+from engine.constraints import ConstraintError, output_constraint
 from engine.scorers import Scorer, feature_store_of
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
-from gateway.errors import context_overflow
+from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn
 from policies.admission import admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
@@ -80,7 +81,11 @@ class TurnService:
         identity = resolve_session(conv, tenant)
         record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
         messages, report, recall = await self.rewrite(conv.messages, record)
-        prompt = await self.engine.prepare(messages, conv.tools)
+        try:
+            constraint = output_constraint(conv.tool_choice, conv.parallel_tool_calls, conv.response_format, conv.tools)
+            prompt = await self.engine.prepare(messages, conv.tools, constraint)
+        except ConstraintError as exc:
+            raise invalid(str(exc), exc.param) from None
         if check_overflow and prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
         return Turn(identity, record, conv, prompt, report, recall)
