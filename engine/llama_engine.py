@@ -25,6 +25,7 @@ from typing import Any
 from engine.base import EngineBusy, EngineEvent, EngineUnavailable, PrefillDone, PreparedPrompt, SavedState, StateTier
 from engine.chat_templates import ChatTemplate, select_template
 from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
+from engine.grammar_sampler import GrammarSampler
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
 from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
@@ -267,10 +268,16 @@ class LlamaEngine:
         job.emit(PrefillDone(len(tokens), reuse, restored_from))
 
         llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
-        from llama_cpp.llama_grammar import LlamaGrammar
+        sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
+        guided = GrammarSampler(self._lib, self._vocab, llm.n_vocab(), sampler.sampler, job.grammar) if job.grammar else None
+        try:
+            self._sample_loop(job, sampler, guided)
+        finally:
+            if guided is not None:
+                guided.close()
 
-        grammar = LlamaGrammar.from_string(job.grammar) if job.grammar else None
-        sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p, grammar=grammar)
+    def _sample_loop(self, job: _Job, sampler: Any, guided: GrammarSampler | None) -> None:
+        llm = self._llm
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(job.params.stop)
         produced = 0
@@ -279,7 +286,7 @@ class LlamaEngine:
             if job.cancelled.is_set():
                 finish = "cancelled"
                 break
-            token = sampler.sample(llm._ctx, -1)
+            token = guided.sample(llm._ctx.ctx) if guided else sampler.sample(llm._ctx, -1)
             if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
                 finish = "stop"
                 break

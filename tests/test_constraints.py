@@ -203,9 +203,11 @@ def test_same_ref_names_in_two_tools_stay_apart(checker: GrammarChecker) -> None
 
 # --- properties ------------------------------------------------------------------------------
 
-_weather_args = st.fixed_dictionaries({"city": st.sampled_from(["Paris", "Lima", "Oslo"]),
-                                       "days": st.integers(-10**6, 10**6)})
-_note_args = st.fixed_dictionaries({"text": st.text(max_size=20)}, optional={"pinned": st.booleans()})
+# Keys in schema order: the converter's grammar writes properties in the order the schema lists them.
+_weather_args = st.builds(lambda city, days: {"city": city, "days": days},
+                          st.sampled_from(["Paris", "Lima", "Oslo"]), st.integers(-10**6, 10**6))
+_note_args = st.builds(lambda text, pinned: {"text": text} | ({} if pinned is None else {"pinned": pinned}),
+                       st.text(max_size=20), st.none() | st.booleans())
 _calls = st.lists(st.one_of(st.tuples(st.just("get_weather"), _weather_args), st.tuples(st.just("add_note"), _note_args),
                             st.tuples(st.just("ping"), st.just({}))), min_size=1, max_size=3)
 
