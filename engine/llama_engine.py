@@ -193,6 +193,8 @@ class LlamaEngine:
         room = self.n_ctx - prompt.n_tokens
         max_new = min(params.max_tokens or room, room)
         grammar = prompt.grammar.text if prompt.grammar else None
+        if prompt.grammar:
+            log.info("session %s: output constrained to %s", session_id[:12], prompt.grammar.enforces)
         job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
         future = job.loop.run_in_executor(self._executor, self._run, job)
