@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.constraints import Grammar, OutputConstraint
 from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
 
 
@@ -45,6 +46,16 @@ class PreparedPrompt:
     n_tokens: int
     text: str | None = None
     tokens: tuple[int, ...] | None = field(default=None, repr=False)
+    # What the answer must look like (tool_choice, parallel calls, response_format), and how this
+    # engine enforces it: the grammar the in-process engine samples under. None with a
+    # constraint set means the engine passes the constraint on (an upstream) or nothing is needed.
+    constraint: OutputConstraint = OutputConstraint()
+    grammar: Grammar | None = field(default=None, repr=False)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether tool-call markup in the output becomes calls ("none" keeps any text as text)."""
+        return bool(self.tools) and self.constraint.tool_choice != "none"
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,11 @@ class Engine(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
-    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt: ...
+    async def prepare(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()
+    ) -> PreparedPrompt:
+        """Render the prompt; raises ConstraintError when `constraint` cannot be enforced."""
+        ...
 
     def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
         """Yields PrefillDone once, then reasoning/text/tool-call deltas, then exactly one Finished."""

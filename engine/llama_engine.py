@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +33,12 @@ from engine.base import (
     StateTier,
 )
 from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
+from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
+from engine.grammar_sampler import GrammarSampler
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
-from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolSpec, Usage
+from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
 from policies.roles import alternate_roles
 
 log = logging.getLogger("pflash.engine")
@@ -70,6 +72,7 @@ class _Job:
     params: SamplingParams
     max_new: int
     loop: asyncio.AbstractEventLoop
+    grammar: str | None = None  # GBNF every sampled token must fit
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -166,10 +169,28 @@ class LlamaEngine:
         except ChatTemplateError as exc:
             raise PromptRejected(str(exc)) from exc
 
-    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
+    async def prepare(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()
+    ) -> PreparedPrompt:
+        # The tools stay in the prompt even under tool_choice "none": the rendered system text, and
+        # so the KV prefix the session has cached, must not depend on one turn's choice. The
+        # grammar forbids the call markup instead (engine.constraints).
         text = self.render(messages, tools)
+        grammar = await asyncio.to_thread(self._grammar, constraint, tools)
         tokens = await asyncio.to_thread(self.tokenize, text)
-        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens))
+        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens), constraint, grammar)
+
+    def _grammar(self, constraint: OutputConstraint, tools: Sequence[ToolSpec]) -> Grammar | None:
+        """The constraint's grammar, checked by llama.cpp's own parser (a failure is the client's 400)."""
+        grammar = grammar_for(constraint, tools, self.template.tool_format)
+        if grammar is None:
+            return None
+        sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.text.encode("utf-8"), b"root")
+        if not sampler:  # NULL: llama.cpp could not parse it (e.g. a schema pattern it cannot express)
+            param = "response_format" if constraint.response_format else "tools"
+            raise ConstraintError("llama.cpp cannot compile the grammar for this output constraint", param)
+        self._lib.llama_sampler_free(sampler)
+        return grammar
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -194,23 +215,32 @@ class LlamaEngine:
         assert prompt.tokens is not None
         room = self.n_ctx - prompt.n_tokens
         max_new = min(params.max_tokens or room, room)
-        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop())
+        grammar = prompt.grammar.text if prompt.grammar else None
+        if prompt.grammar:
+            log.info("session %s: output constrained to %s", session_id[:12], prompt.grammar.enforces)
+        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
         future = job.loop.run_in_executor(self._executor, self._run, job)
         future.add_done_callback(self._job_done)
         return self._relay(job, prompt)
 
     async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
-        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.tools else None
+        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.parses_tool_calls else None
+        # parallel_tool_calls=false: the grammar already allows one call; this also covers output
+        # it cannot shape (Llama 3's bare JSON calls in prose).
+        single_call = not prompt.constraint.parallel_tool_calls
         # Reasoning markup comes out first; only the answer text is searched for tool calls.
         reasoning = ReasoningSplitter(prompt_opens_reasoning(prompt.text or ""))
+
+        def allowed(events: Iterable[EngineEvent]) -> Iterator[EngineEvent]:
+            return (e for e in events if not (single_call and isinstance(e, ToolCallDelta) and e.index > 0))
 
         def answer(events: list[ReasoningDelta | TextDelta]) -> Iterator[EngineEvent]:
             for event in events:
                 if isinstance(event, ReasoningDelta) or tool_stream is None:
                     yield event
                 else:
-                    yield from tool_stream.feed(event.text)
+                    yield from allowed(tool_stream.feed(event.text))
 
         cached = 0
         try:
@@ -229,7 +259,7 @@ class LlamaEngine:
                         yield event
                     has_calls = False
                     if tool_stream:
-                        for event in tool_stream.finish():
+                        for event in allowed(tool_stream.finish()):
                             yield event
                         has_calls = tool_stream.has_tool_calls
                     reason = "tool_calls" if has_calls else ("length" if raw.finish_reason == "length" else "stop")
@@ -277,6 +307,15 @@ class LlamaEngine:
 
         llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
         sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
+        guided = GrammarSampler(self._lib, self._vocab, llm.n_vocab(), sampler.sampler, job.grammar) if job.grammar else None
+        try:
+            self._sample_loop(job, sampler, guided)
+        finally:
+            if guided is not None:
+                guided.close()
+
+    def _sample_loop(self, job: _Job, sampler: Any, guided: GrammarSampler | None) -> None:
+        llm = self._llm
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(job.params.stop)
         produced = 0
@@ -285,7 +324,7 @@ class LlamaEngine:
             if job.cancelled.is_set():
                 finish = "cancelled"
                 break
-            token = sampler.sample(llm._ctx, -1)
+            token = guided.sample(llm._ctx.ctx) if guided else sampler.sample(llm._ctx, -1)
             if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
                 finish = "stop"
                 break

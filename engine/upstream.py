@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillDone, PreparedPrompt
+from engine.constraints import OutputConstraint
 from engine.reasoning import ReasoningSplitter
 from policies.conversation import (
     Finished,
@@ -68,6 +69,29 @@ def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": t.name, "description": t.description,
                                               "parameters": t.parameters or {"type": "object", "properties": {}}}}
             for t in tools]
+
+
+def to_openai_constraint(constraint: OutputConstraint, has_tools: bool) -> dict[str, Any]:
+    """tool_choice, parallel_tool_calls and response_format in Chat Completions' own shapes.
+
+    Defaults are left out: some servers refuse an explicit "auto" unless started with their
+    auto-tool-choice option (vLLM), and every server already defaults to it.
+    """
+    out: dict[str, Any] = {}
+    if has_tools and constraint.tool_choice != "auto":
+        out["tool_choice"] = (
+            {"type": "function", "function": {"name": constraint.tool_name}}
+            if constraint.tool_name else constraint.tool_choice
+        )
+    if has_tools and not constraint.parallel_tool_calls:
+        out["parallel_tool_calls"] = False
+    fmt = constraint.response_format
+    if fmt is not None and fmt["type"] == "json_schema":
+        out["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt["name"], "schema": fmt["schema"], "strict": fmt["strict"]}}
+    elif fmt is not None:
+        out["response_format"] = {"type": "json_object"}
+    return out
 
 
 class UpstreamEngine:
@@ -155,13 +179,16 @@ class UpstreamEngine:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
             return None
 
-    async def prepare(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> PreparedPrompt:
+    async def prepare(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()
+    ) -> PreparedPrompt:
+        """The upstream enforces the constraint itself: it is forwarded (to_openai_constraint)."""
         text = "\n".join(m.content for m in messages) + (json.dumps(to_openai_tools(tools)) if tools else "")
         counted = await self._count_remote(text)
         if counted is None:
             counted = await asyncio.to_thread(self._local_count, text)
         n_tokens = counted + _MESSAGE_OVERHEAD * len(messages)
-        return PreparedPrompt(tuple(messages), tuple(tools), n_tokens)
+        return PreparedPrompt(tuple(messages), tuple(tools), n_tokens, constraint=constraint)
 
     # --- generation --------------------------------------------------------------------------------
     def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
@@ -186,6 +213,7 @@ class UpstreamEngine:
             body["seed"] = params.seed
         if prompt.tools:
             body["tools"] = to_openai_tools(prompt.tools)
+        body.update(to_openai_constraint(prompt.constraint, bool(prompt.tools)))
         self._counters["upstream_requests"] += 1
         response = await self._post_with_retries(body)
         calls: dict[int, dict[str, str]] = {}

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
+from engine.constraints import ConstraintError, output_constraint
 from engine.scorers import Scorer, feature_store_of
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
@@ -97,7 +98,10 @@ class TurnService:
 
     async def _prepare_prompt(self, messages: Sequence[Message], conv: Conversation) -> PreparedPrompt:
         try:
-            return await self.engine.prepare(messages, conv.tools)
+            constraint = output_constraint(conv.tool_choice, conv.parallel_tool_calls, conv.response_format, conv.tools)
+            return await self.engine.prepare(messages, conv.tools, constraint)
+        except ConstraintError as exc:
+            raise invalid(str(exc), exc.param) from None
         except PromptRejected as exc:
             raise invalid(f"the model's chat template refused this conversation: {exc}", "messages") from None
 

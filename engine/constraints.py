@@ -1,0 +1,240 @@
+"""What one answer must look like (tool_choice, parallel tool calls, structured output), and the
+llama.cpp grammar that makes the in-process engine obey it.
+
+The request's fields are normalised into an `OutputConstraint` (engine-neutral: the upstream engine
+forwards it). For the in-process engine, `grammar_for` compiles it to GBNF: tool arguments and JSON
+answers go through llama-cpp-python's own JSON-schema converter (`json_schema_to_gbnf`); the
+tool-call markup around them is the model family's own (see engine.tool_parsers), so the usual
+parser reads the result.
+
+Pure: plain data in, grammar text out. The converter is pure Python; it is imported lazily only
+because importing llama_cpp loads the native library.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.gbnf import Rules, literal, namespaced, rules_text, text_without
+from policies.conversation import ToolSpec
+
+__all__ = ["CallMarkup", "ConstraintError", "Grammar", "OutputConstraint", "grammar_for", "output_constraint"]
+
+ToolChoiceMode = Literal["auto", "none", "required"]
+
+
+class ConstraintError(ValueError):
+    """The client asked for something that cannot be enforced (a client error, never a 5xx)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """The answer's shape as the client asked for it, normalised."""
+
+    tool_choice: ToolChoiceMode = "auto"
+    tool_name: str | None = None  # with "required": the one tool that must be called
+    parallel_tool_calls: bool = True
+    # None, {"type": "json_object"} or {"type": "json_schema", "name": str, "schema": {...}, "strict": bool}
+    response_format: Mapping[str, Any] | None = None
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer text must satisfy, if any."""
+        if self.response_format is None:
+            return None
+        if self.response_format["type"] == "json_object":
+            return {"type": "object"}
+        return dict(self.response_format["schema"])
+
+
+def _choice_name(choice: Mapping[str, Any]) -> object:
+    function = choice.get("function")  # OpenAI's own shape, should one arrive unconverted
+    return function.get("name") if isinstance(function, Mapping) else choice.get("name")
+
+
+def output_constraint(
+    tool_choice: str | Mapping[str, Any] | None,
+    parallel_tool_calls: bool,
+    response_format: Mapping[str, Any] | None,
+    tools: Sequence[ToolSpec],
+) -> OutputConstraint:
+    """Normalise a conversation's tool_choice / parallel_tool_calls / response_format.
+
+    Anthropic's "any" is "required"; a named tool is {"name": ...}. Raises ConstraintError for
+    what cannot be honoured (a forced call without tools, an unknown tool, an unknown format).
+    """
+    names = [t.name for t in tools]
+    mode: ToolChoiceMode
+    name: str | None = None
+    if tool_choice is None or tool_choice == "auto":
+        mode = "auto"
+    elif tool_choice == "none":
+        mode = "none"
+    elif tool_choice in ("required", "any"):
+        mode = "required"
+    elif isinstance(tool_choice, Mapping) and isinstance(_choice_name(tool_choice), str):
+        mode, name = "required", str(_choice_name(tool_choice))
+        if name not in names:
+            raise ConstraintError(f"tool_choice names {name!r}, which is not one of the tools", "tool_choice")
+    else:
+        raise ConstraintError(f"unsupported tool_choice {tool_choice!r}", "tool_choice")
+    if mode == "required" and not tools:
+        raise ConstraintError("tool_choice forces a tool call, but no tools were given", "tool_choice")
+    return OutputConstraint(mode, name, parallel_tool_calls, _response_format(response_format))
+
+
+def _response_format(raw: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if raw is None or raw.get("type") in (None, "text"):
+        return None
+    kind = raw.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise ConstraintError(f"unsupported response_format type {kind!r}", "response_format")
+    inner = raw.get("json_schema") if isinstance(raw.get("json_schema"), Mapping) else raw  # Chat's nesting
+    schema = inner.get("schema")
+    if not isinstance(schema, Mapping):
+        raise ConstraintError("response_format json_schema needs a 'schema' object", "response_format")
+    return {"type": "json_schema", "name": str(inner.get("name") or "response"), "schema": dict(schema),
+            "strict": bool(inner.get("strict", False))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool-call markup per model family (the shapes engine.tool_parsers reads back)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallMarkup:
+    block_open: str  # before the first call
+    call_open: str  # before each call
+    call_close: str  # after each call
+    separator: str  # between calls
+    block_close: str  # after the last call
+    arguments_key: str
+    marker: str  # text that opens call markup anywhere: what "none" forbids
+
+
+MARKUPS: dict[str, CallMarkup] = {
+    "hermes": CallMarkup("", "<tool_call>", "</tool_call>", "\n", "", "arguments", "<tool_call>"),
+    "llama3_json": CallMarkup("", "", "", "; ", "", "parameters", "<|python_tag|>"),
+    "mistral": CallMarkup("[TOOL_CALLS][", "", "", ", ", "]", "arguments", "[TOOL_CALLS]"),
+}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """GBNF with a `root` rule, and what it enforces in words (logs, PreparedPrompt)."""
+
+    text: str
+    enforces: str
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with every object that lists properties closed to further keys.
+
+    Narrowing only: whatever the grammar admits still validates against the original schema, and a
+    small model cannot wander off into invented keys.
+    """
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _closed(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _schema_rules(schema: Mapping[str, Any], prefix: str, param: str) -> tuple[str, Rules]:
+    """GBNF rules (names prefixed) for JSON valid against `schema`, by llama-cpp-python's converter."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        text = json_schema_to_gbnf(json.dumps(_closed(copy.deepcopy(dict(schema)))))
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ConstraintError(f"cannot enforce the JSON schema of {param}: {exc}", param) from None
+    return namespaced(text, prefix)
+
+
+def _call_rules(tools: Sequence[ToolSpec], markup: CallMarkup) -> Rules:
+    """Rule `call`: one call of any of `tools`, in the family's markup, arguments per schema."""
+    rules: Rules = {}
+    alternatives = []
+    for index, tool in enumerate(tools):
+        schema = tool.parameters or {"type": "object"}
+        args, arg_rules = _schema_rules(schema, f"tool{index}", f"tools[{index}].parameters")
+        head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{markup.arguments_key}": '
+        parts = [literal(markup.call_open)] if markup.call_open else []
+        parts += [literal(head), args, literal("}")]
+        parts += [literal(markup.call_close)] if markup.call_close else []
+        rules[f"call-{index}"] = " ".join(parts)
+        alternatives.append(f"call-{index}")
+        rules.update(arg_rules)
+    rules["call"] = " | ".join(alternatives)
+    return rules
+
+
+def _calls_body(markup: CallMarkup, many: bool) -> str:
+    parts = [literal(markup.block_open)] if markup.block_open else []
+    parts.append(f"call ( {literal(markup.separator)} call )*" if many else "call")
+    parts += [literal(markup.block_close)] if markup.block_close else []
+    return " ".join(parts)
+
+
+def grammar_for(constraint: OutputConstraint, tools: Sequence[ToolSpec], tool_format: str) -> Grammar | None:
+    """The grammar the in-process engine samples under for this answer, or None when it is free.
+
+    - required / a named tool: only tool calls (one, or one or more with parallel calls), each
+      naming an allowed tool with arguments valid against its schema; no prose.
+    - none (with tools in the prompt): any text that never opens the call markup; a JSON answer
+      when a response_format asks for one.
+    - a response_format: the answer is JSON valid against the schema (or, under "auto" with
+      tools, alternatively tool calls).
+    - auto with parallel_tool_calls=false: prose, then at most one call.
+    """
+    markup = MARKUPS.get(tool_format)
+    if markup is None:
+        raise ValueError(f"no call markup for tool format {tool_format!r}")
+    schema = constraint.answer_schema
+    rules: Rules = {}
+    if constraint.tool_choice == "required":
+        allowed = [t for t in tools if constraint.tool_name in (None, t.name)]
+        many = constraint.parallel_tool_calls
+        rules["root"] = _calls_body(markup, many)
+        rules.update(_call_rules(allowed, markup))
+        names = ", ".join(t.name for t in allowed)
+        return Grammar(rules_text(rules), f"{'one or more calls' if many else 'exactly one call'} of: {names}")
+    if schema is not None:
+        answer, answer_rules = _schema_rules(schema, "answer", "response_format")
+        rules["root"] = answer
+        enforces = "a JSON answer valid against the response_format schema"
+        if tools and constraint.tool_choice == "auto":
+            rules["root"] = f"{answer} | {_calls_body(markup, constraint.parallel_tool_calls)}"
+            rules.update(_call_rules(tools, markup))
+            enforces += ", or tool calls"
+        rules.update(answer_rules)
+        return Grammar(rules_text(rules), enforces)
+    if not tools:
+        return None
+    if constraint.tool_choice == "none":
+        rules["root"] = "prose"
+        rules.update(text_without(markup.marker, "prose"))
+        return Grammar(rules_text(rules), f"text that never opens a tool call ({markup.marker})")
+    if not constraint.parallel_tool_calls:
+        # After prose a call must open with the marker (Llama 3 reads bare JSON only at the start).
+        opens = (markup.block_open or markup.call_open).startswith(markup.marker)
+        lead = "" if opens else literal(markup.marker) + " "
+        rules["root"] = f"prose ( {lead}{_calls_body(markup, many=False)} )?"
+        rules.update(text_without(markup.marker, "prose"))
+        rules.update(_call_rules(tools, markup))
+        return Grammar(rules_text(rules), "text, then at most one tool call")
+    return None
