@@ -257,6 +257,8 @@ class LlamaEngine:
                 # so it stays, and a retry of the turn prefills only what was not reached.
                 self._counters["prefills_cancelled"] += 1
                 self._counters["prefill_tokens_evaluated"] += at - reuse
+                log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
+                         job.session_id[:12], at, len(tokens))
                 job.emit(_RawDone("cancelled", 0, None))
                 return
             llm.eval(tokens[at : at + self._opts.n_batch])
