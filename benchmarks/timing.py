@@ -159,6 +159,16 @@ class ResumeResult:
     store_load_s: float
 
 
+def drop_from_page_cache(path: Path) -> None:
+    """Evict a file from the page cache (after an fsync, so no dirty page stays behind)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx: int, progress: Progress) -> ResumeResult:
     from engine.base import SavedState
     from sessions.record import SessionRecord
@@ -196,6 +206,7 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     probe.load_state(record.session_id)
     load_s = time.perf_counter() - started
 
+    drop_from_page_cache(path / KV)  # resume from a cold disk, not from the copy just read
     resumed = GatewayProcess(store, *flags)
     try:
         resume_s, _headers = ttft_stream(resumed.url, session, follow)

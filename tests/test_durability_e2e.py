@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from sessions.identity import session_hash
 from sessions.layout import KV, META
 from tests.conftest import ROOT, Gateway
+from tests.metrics_util import scrape, value
 
 pytestmark = pytest.mark.engine
 
@@ -112,3 +114,40 @@ def test_sessions_gc_and_rm_leave_a_running_server_alone(gateway: Gateway) -> No
     assert (path / META).exists() and (path.parent / ("0" * 64)).exists()
     assert httpx.get(f"{gateway.url}/v1/sessions/{session}/transcript").status_code == 200
     (path.parent / ("0" * 64)).rmdir()
+
+
+def test_health_answers_quickly_while_sessions_switch_through_disk(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """RAM budget 0: every switch writes a state to disk and reads another back. That I/O runs
+    on the store's own thread, never under a lock the event loop takes: /health stays fast."""
+    server = start_gateway("--ram-budget-mb", "0", "--n-threads", "1")
+    histories = {f"lag-{i}-" + uuid.uuid4().hex[:8]: [{"role": "system", "content": f"Reviewer {i}. " + SYSTEM * 3},
+                                                      {"role": "user", "content": "Say ok."}] for i in range(4)}
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                started = time.perf_counter()
+                assert http.get(server.url + "/health").status_code == 200
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.01)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        for _round in range(3):
+            for session, history in histories.items():
+                reply = chat(server, session, history)
+                history += [{"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"] or ""},
+                            {"role": "user", "content": "Again."}]
+    finally:
+        stop.set()
+        prober.join()
+    samples = scrape(server.url)
+    assert value(samples, "pflash_session_spills_total") >= 8 and value(samples, "pflash_kv_restores_total", tier="disk") >= 8
+    latencies.sort()
+    p99 = latencies[int(len(latencies) * 0.99) - 1]
+    assert p99 < 0.1, (p99, latencies[-5:])
+    print(f"\n/health during {len(histories) * 3} disk switches: {len(latencies)} probes, p50 "
+          f"{latencies[len(latencies) // 2] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
