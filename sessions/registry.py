@@ -145,6 +145,8 @@ class SessionRegistry:
         """Under _lock: drop the least recently used records while over the RAM budget. A record
         in use by a turn stays reachable (weakly) until the turn ends; a dirty one is written first;
         one whose KV state is in memory stays (a spill writes the record with the state)."""
+        if self._ram_bytes + self._records_total <= self._budget:
+            return
         pinned = {*self._ram, *self._spilling, *([self._in_context[0]] if self._in_context else [])}
         for sid in [s for s in self._records if s not in pinned]:
             if self._ram_bytes + self._records_total <= self._budget:
