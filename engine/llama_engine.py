@@ -255,6 +255,7 @@ class LlamaEngine:
             if job.cancelled.is_set():
                 # The context holds the restored state plus whole batches of this prompt: exact,
                 # so it stays, and a retry of the turn prefills only what was not reached.
+                llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)  # nothing past it: a later save stays exact
                 self._counters["prefills_cancelled"] += 1
                 self._counters["prefill_tokens_evaluated"] += at - reuse
                 log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
