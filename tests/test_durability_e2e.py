@@ -21,17 +21,14 @@ from sessions.identity import session_hash
 from sessions.layout import KV, META
 from tests.conftest import ROOT, Gateway
 from tests.metrics_util import scrape, value
+from tests.test_sessions_e2e import SYSTEM
+from tests.test_sessions_e2e import chat as sessions_chat
 
 pytestmark = pytest.mark.engine
 
-SYSTEM = "You are a careful assistant that reviews Python code and explains what it does. " * 12
 
-
-def chat(server: Gateway, session: str, messages: list[dict[str, str]], max_tokens: int = 2) -> httpx.Response:
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=300)
-    assert response.status_code == 200, response.text
-    return response
+def chat(server: Gateway, session: str, messages: list[dict[str, str]]) -> httpx.Response:
+    return sessions_chat(server, session, messages, max_tokens=2)
 
 
 def usage(reply: httpx.Response) -> tuple[int, int]:
