@@ -190,9 +190,6 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [entry]})
 
 
-_CANCEL_TASK: web.AppKey[asyncio.Task[None]] = web.AppKey("pflash_cancel_task", asyncio.Task)
-
-
 def open_sessions(settings: Settings, fingerprint: str) -> SessionRegistry:
     """The store (held shared: `sessions rm|gc` refuse while we run) and the registry over it."""
     lock = StoreLock(settings.store_dir)
@@ -245,8 +242,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
                 log.info("shutdown: %d turns still running after %.1f s cancelled", cancelled,
                          settings.shutdown_grace_seconds)
 
-        app[_CANCEL_TASK] = asyncio.create_task(cancel_later())
+        shutdown_tasks.add(asyncio.create_task(cancel_later()))  # a reference keeps it alive
 
+    shutdown_tasks: set[asyncio.Task[None]] = set()
     app.on_shutdown.append(stop_turns)
     app.cleanup_ctx.append(lifetime)
     app[RESPONSE_HISTORY] = ResponseHistory()
