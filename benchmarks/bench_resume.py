@@ -43,8 +43,9 @@ def run(ctx: BenchContext) -> Section:
     text = (
         "A real coding-agent history (mini-swe-agent sessions from ../shared/data, stitched to size) "
         "is served once, the server is stopped with SIGTERM (it flushes the session's KV state to "
-        "disk), a new server process starts on the same store, and the session's next turn is timed "
-        "to its first streamed token. The same next turn on a fresh server (empty store) is the "
+        "disk), the KV file is evicted from the page cache (fsync, then POSIX_FADV_DONTNEED), a new "
+        "server process starts on the same store, and the session's next turn is timed to its first "
+        "streamed token: a resume from a cold disk. The same next turn on a fresh server (empty store) is the "
         "full-prefill baseline. Both follow-ups are identical requests; greedy decoding.\n\n"
         + md_table(["history tokens", "full prefill s", "resume s", "speed-up", "restored from",
                     "KV KiB/token raw", "zstd KiB/token", "planes+zstd KiB/token", "compression",

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgpack
 import numpy as np
 import zstandard
 
 from gateway.process import GatewayProcess
-from sessions.store import KV, META
+from sessions.layout import KV, read_kv_header
 
 Progress = Callable[[str], None]
 
@@ -160,6 +159,16 @@ class ResumeResult:
     store_load_s: float
 
 
+def drop_from_page_cache(path: Path) -> None:
+    """Evict a file from the page cache (after an fsync, so no dirty page stays behind)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx: int, progress: Progress) -> ResumeResult:
     from engine.base import SavedState
     from sessions.record import SessionRecord
@@ -179,22 +188,25 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
               {"role": "user", "content": "Summarise what you found so far in one sentence."}]
 
     path = next(p for p in (store / "sessions").glob("*/*") if p.is_dir())
-    meta = msgpack.unpackb((path / META).read_bytes(), raw=False)
-    packed = (path / KV).read_bytes()
-    raw = join_planes(zstandard.ZstdDecompressor().decompress(packed, max_output_size=meta["kv"]["raw_bytes"]),
-                      meta["kv"]["raw_bytes"])
+    data = (path / KV).read_bytes()
+    header, start = read_kv_header(data)
+    raw = join_planes(zstandard.ZstdDecompressor().decompress(data[start:-4], max_output_size=header["raw_bytes"]),
+                      header["raw_bytes"])
+    packed = data[start:-4]
     plain = len(zstandard.ZstdCompressor(level=1).compress(raw))
     # Store save/load times on this real state, outside the server.
     probe = SessionStore(work / "probe-store", "probe", zstd_level=1)
     record = SessionRecord(session_id=hashlib.sha256(session.encode()).hexdigest(), tenant="")
-    state = SavedState(tuple(meta["kv"]["tokens"]), raw)
+    state = SavedState(tuple(header["tokens"]), raw)
+    probe.save_record(record.to_dict())
     started = time.perf_counter()
-    probe.save(record, state)
+    probe.save_kv(record.session_id, state)
     save_s = time.perf_counter() - started
     started = time.perf_counter()
     probe.load_state(record.session_id)
     load_s = time.perf_counter() - started
 
+    drop_from_page_cache(path / KV)  # resume from a cold disk, not from the copy just read
     resumed = GatewayProcess(store, *flags)
     try:
         resume_s, _headers = ttft_stream(resumed.url, session, follow)
@@ -211,7 +223,7 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     return ResumeResult(
         tokens=int(first["usage"]["prompt_tokens"]), full_prefill_s=full_s, resume_s=resume_s,
         restored_from=restored.group(1) if restored else "none", kv_raw_bytes=len(raw),
-        kv_zstd_planes_bytes=len(packed), kv_zstd_plain_bytes=plain, kv_tokens=len(meta["kv"]["tokens"]),
+        kv_zstd_planes_bytes=len(packed), kv_zstd_plain_bytes=plain, kv_tokens=len(header["tokens"]),
         store_save_s=save_s, store_load_s=load_s,
     )
 

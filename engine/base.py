@@ -87,6 +87,10 @@ class StateTier(Protocol):
         """The saved state and the tier it came from ("ram" | "disk"), or None."""
         ...
 
+    def holding(self, session_id: str | None, tokens: int) -> None:
+        """What the context holds now, told by the engine's worker after each turn (tier reporting)."""
+        ...
+
 
 class Engine(Protocol):
     model_id: str

@@ -65,7 +65,7 @@ class LlamaOptions:
     queue_size: int = 16
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the engine keeps a set of live jobs
 class _Job:
     session_id: str
     tokens: Sequence[int]
@@ -137,11 +137,13 @@ class LlamaEngine:
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-worker")
         self._pending = 0
+        self._jobs: set[_Job] = set()  # queued or running: what a shutdown cancels
         self._closing = False
         self._current: str | None = None  # session whose KV the context holds
         self._counters: dict[str, float] = {
             "prefill_tokens_evaluated": 0, "prefill_tokens_reused": 0, "restore_failures": 0,
             "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0, "prefix_reuse_refused": 0,
+            "prefills_cancelled": 0, "states_kept_after_failure": 0,
         }
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
                  self.template.sha256[:12])
@@ -196,6 +198,15 @@ class LlamaEngine:
     async def start(self) -> None:
         return None
 
+    def cancel_all(self) -> int:
+        """Shutdown: refuse new turns and stop every queued or running one at its next token (or
+        prefill batch); their clients get what was generated so far. Returns how many."""
+        self._closing = True
+        jobs = list(self._jobs)
+        for job in jobs:
+            job.cancelled.set()
+        return len(jobs)
+
     async def close(self) -> None:
         """Let the job in flight end, then stash the live session's state in the tier."""
         self._closing = True
@@ -220,8 +231,9 @@ class LlamaEngine:
             log.info("session %s: output constrained to %s", session_id[:12], prompt.grammar.enforces)
         job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
+        self._jobs.add(job)
         future = job.loop.run_in_executor(self._executor, self._run, job)
-        future.add_done_callback(self._job_done)
+        future.add_done_callback(lambda _f: self._job_done(job))
         return self._relay(job, prompt)
 
     async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
@@ -269,8 +281,9 @@ class LlamaEngine:
         finally:
             job.cancelled.set()  # a client that went away stops the worker at the next token
 
-    def _job_done(self, _future: object) -> None:
+    def _job_done(self, job: _Job) -> None:
         self._pending -= 1
+        self._jobs.discard(job)
 
     # --- worker thread ---------------------------------------------------------------------------
     def _run(self, job: _Job) -> None:
@@ -280,26 +293,42 @@ class LlamaEngine:
         if self._closing:  # queued turns are not started once shutdown begins; the client may retry
             job.emit(_RawError(EngineUnavailable("the server is shutting down")))
             return
+        previous: list[SavedState] = []  # the state restored for this job, until its prefill succeeds
         try:
-            self._generate(job)
+            self._generate(job, previous)
         except Exception as exc:  # the context may be inconsistent: drop it, keep serving
             log.exception("engine failure for session %s", job.session_id[:12])
             self._reset_context()
+            if previous and self._tier is not None:
+                # What the session had before this turn is still exact: back to the tier, so a
+                # retry prefills only its new tokens instead of everything.
+                self._tier.stash(job.session_id, previous[0])
+                self._counters["states_kept_after_failure"] += 1
             job.emit(_RawError(exc))
+        finally:
+            if self._tier is not None:
+                self._tier.holding(self._current, self._llm.n_tokens if self._current else 0)
 
-    def _generate(self, job: _Job) -> None:
+    def _generate(self, job: _Job, previous: list[SavedState]) -> None:
         llm = self._llm
-        restored_from = self._switch_to(job.session_id)
+        restored_from = self._switch_to(job.session_id, previous)
         tokens = list(job.tokens)
         reuse = min(self._reusable_prefix(tokens), len(tokens) - 1)  # the last token yields logits
         llm.n_tokens = reuse
         started = time.perf_counter()
         for at in range(reuse, len(tokens), self._opts.n_batch):
             if job.cancelled.is_set():
-                self._reset_context()  # a half-prefilled context is still exact, but simpler to drop
+                # The context holds the restored state plus whole batches of this prompt: exact,
+                # so it stays, and a retry of the turn prefills only what was not reached.
+                llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)  # nothing past it: a later save stays exact
+                self._counters["prefills_cancelled"] += 1
+                self._counters["prefill_tokens_evaluated"] += at - reuse
+                log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
+                         job.session_id[:12], at, len(tokens))
                 job.emit(_RawDone("cancelled", 0, None))
                 return
             llm.eval(tokens[at : at + self._opts.n_batch])
+        previous.clear()
         self._counters["prefill_tokens_evaluated"] += len(tokens) - reuse
         self._counters["prefill_tokens_reused"] += reuse
         log.debug("prefill %d tokens (%d reused) in %.3fs", len(tokens) - reuse, reuse, time.perf_counter() - started)
@@ -358,7 +387,7 @@ class LlamaEngine:
             return 0
         return common
 
-    def _switch_to(self, session_id: str) -> str:
+    def _switch_to(self, session_id: str, previous: list[SavedState]) -> str:
         if self._current == session_id:
             return "context"
         self._stash_current()
@@ -369,6 +398,7 @@ class LlamaEngine:
             return "none"
         state, tier_name = found
         if self._restore(state):
+            previous.append(state)
             self._counters[f"restores_{tier_name}"] += 1
             log.info("session %s: KV restored from %s (%d tokens, %.1f MB) in %.3f s", session_id[:12], tier_name,
                      len(state.tokens), len(state.blob) / 1e6, time.perf_counter() - started)

@@ -21,14 +21,14 @@ def _require_admin(request: web.Request) -> str:
     return str(request.get(TENANT, ""))
 
 
-def _lookup(request: web.Request) -> SessionRecord:
+async def _lookup(request: web.Request) -> SessionRecord:
     """A session named by its hash or by the key the client used (e.g. its X-Session-Id)."""
     tenant = _require_admin(request)
     name = request.match_info["session_id"]
     registry = request.app[APP_STATE].registry
     candidates = [session_hash(tenant, name)] + ([name] if _HASH.match(name) else [])
     for session_id in candidates:
-        record = registry.find(session_id, tenant)
+        record = await registry.find(session_id, tenant)
         if record is not None:
             return record
     raise ApiError(404, "no such session", "not_found_error")
@@ -41,7 +41,7 @@ async def list_sessions(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    record = _lookup(request)
+    record = await _lookup(request)
     registry = request.app[APP_STATE].registry
     info = next((i for i in registry.list(record.tenant) if i.session_id == record.session_id), None)
     body = _public(asdict(info)) if info else {"session_id": record.session_id}
@@ -49,21 +49,21 @@ async def get_session(request: web.Request) -> web.Response:
         messages=len(record.served_hashes),
         compressed_messages=len(record.kept_maps),
         recalls=len(record.recall_log),
-        counters=record.counters,
+        counters=dict(record.counters),
         key_source=record.key_source,
     )
     return web.json_response(body)
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    record = _lookup(request)
-    request.app[APP_STATE].registry.delete(record.session_id)
+    record = await _lookup(request)
+    await request.app[APP_STATE].registry.delete(record.session_id)
     return web.json_response({"id": record.session_id, "deleted": True})
 
 
 async def transcript(request: web.Request) -> web.Response:
-    record = _lookup(request)
-    return web.json_response({"session_id": record.session_id, "messages": record.transcript})
+    record = await _lookup(request)
+    return web.json_response({"session_id": record.session_id, "messages": list(record.transcript)})
 
 
 def _public(info: dict[str, object]) -> dict[str, object]:

@@ -36,6 +36,7 @@ from gateway.scorer_factory import build_scorer
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from gateway.turns import TurnService
 from policies.conversation import Message
+from sessions.files import StoreLock
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
 
@@ -199,6 +200,14 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [entry]})
 
 
+def open_sessions(settings: Settings, fingerprint: str) -> SessionRegistry:
+    """The store (held shared: `sessions rm|gc` refuse while we run) and the registry over it."""
+    lock = StoreLock(settings.store_dir)
+    lock.hold_shared()
+    store = SessionStore(settings.store_dir, fingerprint, settings.zstd_level, settings.disk_budget_mb * 1024 * 1024)
+    return SessionRegistry(store, settings.ram_budget_mb * 1024 * 1024, settings.record_sync, lock)
+
+
 def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Application:
     app = web.Application(
         client_max_size=int(settings.max_body_mb * 1024 * 1024),
@@ -208,9 +217,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         engine = await asyncio.to_thread(engine_factory, settings)
-        store = SessionStore(settings.store_dir, engine.fingerprint, settings.zstd_level,
-                             settings.disk_budget_mb * 1024 * 1024)
-        registry = SessionRegistry(store, settings.ram_budget_mb * 1024 * 1024)
+        registry = await asyncio.to_thread(open_sessions, settings, engine.fingerprint)
         attach = getattr(engine, "attach_tier", None)
         if attach is not None:
             attach(registry)
@@ -222,14 +229,33 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         app[APP_STATE] = state
         await engine.start()
         state.ready = True
-        log.info("ready: model %s, n_ctx %d, store %s (%d sessions on disk)", engine.model_id, engine.n_ctx,
-                 store.dir, len(registry.list(None)))
+        log.info("ready: model %s, n_ctx %d, store %s (%d sessions on disk), records written ahead: %s",
+                 engine.model_id, engine.n_ctx, registry.store.dir, len(registry.list(None)), settings.record_sync)
         yield
         state.ready = False
         await engine.close()  # the live session's KV goes to the RAM tier ...
-        await asyncio.to_thread(registry.flush)  # ... and everything to disk
-        log.info("sessions flushed to %s", store.dir)
+        await asyncio.to_thread(registry.flush)  # ... and everything changed to disk
+        await asyncio.to_thread(registry.close)
+        log.info("sessions flushed to %s", registry.store.dir)
 
+    async def stop_turns(app: web.Application) -> None:
+        """SIGTERM: the listening socket is closed already; turns still running get a short grace
+        period, then are cancelled, so the flush runs well inside systemd's TimeoutStopSec."""
+        state = app.get(APP_STATE)
+        cancel_all = getattr(state.engine, "cancel_all", None) if state is not None else None
+        if cancel_all is None:
+            return
+
+        async def cancel_later() -> None:
+            await asyncio.sleep(settings.shutdown_grace_seconds)
+            if cancelled := cancel_all():
+                log.info("shutdown: %d turns still running after %.1f s cancelled", cancelled,
+                         settings.shutdown_grace_seconds)
+
+        shutdown_tasks.add(asyncio.create_task(cancel_later()))  # a reference keeps it alive
+
+    shutdown_tasks: set[asyncio.Task[None]] = set()
+    app.on_shutdown.append(stop_turns)
     app.cleanup_ctx.append(lifetime)
     app[RESPONSE_HISTORY] = ResponseHistory()
     app.router.add_get("/health", health)

@@ -176,7 +176,10 @@ def _serve(settings: Settings) -> int:
     started = time.perf_counter()
     app = create_app(settings, build_engine)
     try:
-        web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30,
+        # In-flight turns are cancelled after the grace period (gateway/app.py); handlers still
+        # running a little later are cancelled by aiohttp, then every session is flushed.
+        web.run_app(app, host=settings.host, port=settings.port, print=None,
+                    shutdown_timeout=settings.shutdown_grace_seconds + 2,
                     access_log=None, handle_signals=True)
     except ModelFileError as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)

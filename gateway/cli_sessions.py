@@ -1,9 +1,11 @@
-"""`pflash-gateway sessions ls|rm|gc`: works on the store directly, with the server down."""
+"""`pflash-gateway sessions ls|rm|gc`: works on the store directly. `rm` and `gc` refuse while a
+server holds the store (its advisory lock): they would delete files it is serving from."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,8 @@ from typing import Any
 import msgpack
 
 from gateway.config import Settings
-from sessions.store import META, FORMAT_VERSION
+from sessions.files import StoreLock
+from sessions.layout import CURRENT, FORMAT_VERSION, KV, META, head_bytes, read_kv_header
 
 
 def _scan(root: Path) -> list[dict[str, Any]]:
@@ -23,10 +26,13 @@ def _scan(root: Path) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"id": path.name, "fingerprint": fp_dir.name, "path": str(path), "valid": False}
             try:
                 meta = msgpack.unpackb((path / META).read_bytes(), raw=False, strict_map_key=False)
-                kv = meta.get("kv") or {}
+                tokens = 0
+                if (path / KV).exists():
+                    with (path / KV).open("rb") as fh:
+                        tokens = len(read_kv_header(head_bytes(fh))[0].get("tokens", []))
                 row.update(
                     valid=meta.get("format") == FORMAT_VERSION,
-                    tokens=len(kv.get("tokens", [])),
+                    tokens=tokens,
                     bytes=sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
                     last_used=meta["session"]["last_used"],
                     compressed_messages=len(meta["session"].get("kept_maps", {})),
@@ -37,39 +43,73 @@ def _scan(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _stale_fingerprints(root: Path) -> list[Path]:
+    """Fingerprint directories other than the one the last server used (another model, context
+    size or KV type): nothing will load them again. Unknown without a server's mark: none."""
+    base = root / "sessions"
+    try:
+        current = (base / CURRENT).read_text().strip()
+    except OSError:
+        return []
+    return [p for p in sorted(base.iterdir()) if p.is_dir() and p.name != current]
+
+
 def run_sessions(settings: Settings, action: str, ids: list[str], as_json: bool) -> int:
     root = settings.store_dir
-    rows = _scan(root)
     if action == "ls":
-        if as_json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(f"{'session':16}  {'tokens':>7}  {'MiB':>7}  {'last used':19}  state")
-            for r in rows:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("last_used", 0)))
-                state = "ok" if r["valid"] else f"invalid ({r.get('error', 'format')})"
-                print(f"{r['id'][:16]:16}  {r.get('tokens', 0):>7}  {r.get('bytes', 0) / 2**20:>7.1f}  {when:19}  {state}")
+        return _ls(_scan(root), as_json)
+    if not root.exists():
+        print(f"pflash-gateway: no session store at {root}")
+        return 0 if action == "gc" else 1
+    lock = StoreLock(root)
+    try:
+        if not lock.try_exclusive():
+            print(f"pflash-gateway: a running server holds the store {root}; stop it first "
+                  f"(or use DELETE /v1/sessions/<id>)", file=sys.stderr)
+            return 1
+        return _rm(_scan(root), ids) if action == "rm" else _gc(root)
+    finally:
+        lock.release()
+
+
+def _ls(rows: list[dict[str, Any]], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(rows, indent=2))
         return 0
-    if action == "rm":
-        if not ids:
-            print("pflash-gateway: sessions rm needs at least one session id")
-            return 2
-        status = 0
-        for prefix in ids:
-            matches = [r for r in rows if r["id"].startswith(prefix)]
-            if len(matches) != 1:
-                print(f"pflash-gateway: {prefix!r} matches {len(matches)} sessions")
-                status = 1
-                continue
-            shutil.rmtree(matches[0]["path"], ignore_errors=True)
-            print(f"removed {matches[0]['id']}")
-        return status
-    removed = 0
+    print(f"{'session':16}  {'tokens':>7}  {'MiB':>7}  {'last used':19}  state")
     for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("last_used", 0)))
+        state = "ok" if r["valid"] else f"invalid ({r.get('error', 'format')})"
+        print(f"{r['id'][:16]:16}  {r.get('tokens', 0):>7}  {r.get('bytes', 0) / 2**20:>7.1f}  {when:19}  {state}")
+    return 0
+
+
+def _rm(rows: list[dict[str, Any]], ids: list[str]) -> int:
+    if not ids:
+        print("pflash-gateway: sessions rm needs at least one session id")
+        return 2
+    status = 0
+    for prefix in ids:
+        matches = [r for r in rows if r["id"].startswith(prefix)]
+        if len(matches) != 1:
+            print(f"pflash-gateway: {prefix!r} matches {len(matches)} sessions")
+            status = 1
+            continue
+        shutil.rmtree(matches[0]["path"], ignore_errors=True)
+        print(f"removed {matches[0]['id']}")
+    return status
+
+
+def _gc(root: Path) -> int:
+    stale = _stale_fingerprints(root)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    removed = 0
+    for r in _scan(root):
         if not r["valid"]:
             shutil.rmtree(r["path"], ignore_errors=True)
             removed += 1
     for tmp in (root / "sessions").glob("*/*/.*.tmp") if (root / "sessions").exists() else []:
         tmp.unlink(missing_ok=True)
-    print(f"removed {removed} invalid sessions")
+    print(f"removed {removed} invalid sessions" + (f" and {len(stale)} stale model directories" if stale else ""))
     return 0

@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     ram_budget_mb: int = Field(2048, ge=0, description="Host-RAM tier budget for session KV states, MiB.")
     disk_budget_mb: int = Field(20480, ge=0, description="Disk budget for the session store, MiB.")
     zstd_level: int = Field(1, ge=1, le=19, description="zstd level for stored KV states.")
+    record_sync: Literal["always", "batched", "off"] = Field(
+        "batched", description="Session records written ahead of each response: 'always' (fsynced first), "
+        "'batched' (on disk at once, fsynced within a second) or 'off' (only on spill and shutdown).",
+    )
+    shutdown_grace_seconds: float = Field(
+        3.0, ge=0, description="On SIGTERM, seconds in-flight turns may still run before they are cancelled.",
+    )
 
     # --- compression and recall ----------------------------------------------------------------
     threshold: int = Field(16384, ge=1, description="Tokens in one new message before it is compressed.")

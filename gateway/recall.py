@@ -57,8 +57,9 @@ class RecallGate:
         if not candidates:
             return None
         features = feature_store_of(self.compressor.scorer)
-        if features is not None and record.unit_features:
-            features.import_features(record.unit_features)  # after eviction or a restart: no re-read
+        stored = record.features_copy() if features is not None else {}
+        if features is not None and stored:
+            features.import_features(stored)  # after eviction or a restart: no re-read
         scores = self.compressor.scorer.score(
             ["".join(c.lines[c.first : c.last + 1]) for c in candidates], question.content
         )
@@ -89,7 +90,7 @@ class RecallGate:
         excerpts = "".join(b if b.endswith("\n") else b + "\n" for b in blocks)
         rendered = excerpts + "\n" + question.content
         units = tuple((candidates[i].source_hash, candidates[i].first, candidates[i].last) for i in decision.units)
-        record.recall_log.append(RecallEntry(turn_key(index, question.content), rendered, units))
+        record.add_recall(RecallEntry(turn_key(index, question.content), rendered, units))
         added = self.compressor.count_tokens(rendered) - self.compressor.count_tokens(question.content)
         log.info("recall: %d units (%d tokens), omitted share %.3f", len(units), added, decision.omitted_share)
         return Message(question.role, rendered), RecallReport(True, decision.reason, decision.omitted_share,
@@ -122,7 +123,7 @@ def recalled_turn(message: Message, index: int, record: SessionRecord) -> Messag
     if message.role != "user" or not record.recall_log:
         return None
     key = turn_key(index, message.content)
-    for entry in record.recall_log:
+    for entry in list(record.recall_log):  # a copy: the recall gate may append from its thread
         if entry.turn_hash == key:
             return Message(message.role, entry.rendered)
     return None

@@ -79,7 +79,7 @@ class TurnService:
 
     async def prepare(self, conv: Conversation, tenant: str) -> Turn:
         identity = resolve_session(conv, tenant)
-        record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
+        record = await self.registry.get_or_create(identity.session_id, tenant, identity.source)
         await self._refuse_hopeless_overflow(conv, record)
         messages, report, recall = await self.rewrite(conv.messages, record)
         prompt = await self._prepare_prompt(messages, conv)
@@ -92,7 +92,7 @@ class TurnService:
         new messages whole (an upper bound: no compression or recall is run). Changes no state:
         no session record is created, nothing is compressed, nothing is logged for recall."""
         identity = resolve_session(conv, tenant)
-        record = self.registry.find(identity.session_id, tenant)
+        record = await self.registry.find(identity.session_id, tenant)
         messages = conv.messages if record is None else self._served_history(conv.messages, record)
         return (await self._prepare_prompt(messages, conv)).n_tokens
 
@@ -169,7 +169,7 @@ class TurnService:
     def _compression_candidate(self, messages: Sequence[Message], record: SessionRecord) -> tuple[int, int] | None:
         """The largest new message of the new turn (after the last assistant message), if admitted."""
         start = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1) + 1
-        seen = set(record.served_hashes) | set(record.kept_maps)
+        seen = record.seen_hashes()
         best: tuple[int, int] | None = None
         for index in range(start, len(messages)):
             message = messages[index]
@@ -195,13 +195,13 @@ class TurnService:
             return None, report
         message = messages[index]
         key = content_hash(message.content)
-        record.kept_maps[key] = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens,
-                                            content_hash(plan.text))
-        record.map_labels[key] = _source_label(messages, index)
         features = feature_store_of(self.compressor.scorer)
+        exported: dict[str, tuple[bytes, int]] = {}
         if features is not None:  # keep the drafter's reading with the session (recall, restarts)
             lines, _tokens, units = self.compressor.segment_message(message.content)
-            record.unit_features.update(features.export_features(["".join(lines[u.first : u.last + 1]) for u in units]))
+            exported = features.export_features(["".join(lines[u.first : u.last + 1]) for u in units])
+        kept = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens, content_hash(plan.text))
+        record.add_kept_map(kept, _source_label(messages, index), exported)
         return replace(message, content=plan.text), report
 
     def stream(self, turn: Turn) -> AsyncIterator[EngineEvent]:
@@ -223,20 +223,20 @@ class TurnService:
                 self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
             elif isinstance(event, Finished):
                 self._remember(turn, "".join(text), tuple(calls), event)
+                # Written ahead: the next turn renders its history from this record, so it is in
+                # the store before the client sees the end of this answer.
+                await self.registry.save_record(turn.record)
             yield event
 
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
-        record = turn.record
         served = [*turn.prompt.messages, Message("assistant", text, calls)]
-        record.served_hashes = [content_hash(m.content) for m in served]
-        record.transcript = [{"role": m.role, "content": m.content} for m in turn.prompt.messages]
-        record.last_used = time.time()
-        record.count("turns")
-        record.count("prompt_tokens", finished.usage.prompt_tokens)
-        record.count("cached_tokens", finished.usage.cached_tokens)
-        record.count("completion_tokens", finished.usage.completion_tokens)
-        if turn.restored_from != "upstream":  # an upstream keeps its own KV; nothing is local
-            self.registry.note_context(record.session_id, finished.usage.prompt_tokens + finished.usage.completion_tokens)
+        usage = finished.usage
+        turn.record.note_served(
+            [content_hash(m.content) for m in served],
+            [{"role": m.role, "content": m.content} for m in turn.prompt.messages],
+            [("turns", 1), ("prompt_tokens", usage.prompt_tokens), ("cached_tokens", usage.cached_tokens),
+             ("completion_tokens", usage.completion_tokens)],
+        )
 
 
 def _source_label(messages: Sequence[Message], index: int) -> str:

@@ -1,8 +1,16 @@
-"""What the gateway remembers about one session (besides its KV state)."""
+"""What the gateway remembers about one session (besides its KV state).
+
+A record is changed from the event loop (compression, what was served) and from worker threads
+(the recall gate), and read by the store's I/O thread: every change goes through a method that
+holds the record's own lock and bumps `version`, and persistence works on `snapshot()`, a plain
+copy taken under that lock. The lock is only ever held for in-memory work, never for I/O.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,28 +50,81 @@ class SessionRecord:
     # The drafter's per-unit features of this session's compressed messages (by unit-text sha256):
     # kept and persisted with the session so a follow-up's recall gate reads only the new question.
     unit_features: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # Bumped by every change a later turn depends on; the registry compares it with what it wrote.
+    version: int = field(default=0, compare=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
 
+    # --- changes (each under the record's lock) ------------------------------------------------
     def count(self, name: str, amount: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + amount
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0) + amount
+            self.version += 1
 
+    def add_kept_map(self, kept: KeptLineMap, label: str, features: Mapping[str, tuple[bytes, int]]) -> None:
+        with self._lock:
+            self.kept_maps[kept.content_hash] = kept
+            self.map_labels[kept.content_hash] = label
+            self.unit_features.update(features)
+            self.version += 1
+
+    def add_recall(self, entry: RecallEntry) -> None:
+        with self._lock:
+            self.recall_log.append(entry)
+            self.version += 1
+
+    def note_served(self, served_hashes: list[str], transcript: list[dict[str, str]], counts: Iterable[tuple[str, int]]) -> None:
+        with self._lock:
+            self.served_hashes = served_hashes
+            self.transcript = transcript
+            self.last_used = time.time()
+            for name, amount in counts:
+                self.counters[name] = self.counters.get(name, 0) + amount
+            self.version += 1
+
+    # --- consistent reads ----------------------------------------------------------------------
     def recalled_units(self) -> set[tuple[str, int, int]]:
-        return {unit for entry in self.recall_log for unit in entry.units}
+        with self._lock:
+            return {unit for entry in self.recall_log for unit in entry.units}
+
+    def features_copy(self) -> dict[str, tuple[bytes, int]]:
+        with self._lock:
+            return dict(self.unit_features)
+
+    def seen_hashes(self) -> set[str]:
+        with self._lock:
+            return set(self.served_hashes) | set(self.kept_maps)
+
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(version, the record as plain data): a copy that I/O can take its time over."""
+        with self._lock:
+            return self.version, self.to_dict()
+
+    def approx_bytes(self) -> int:
+        """What the record costs in RAM, roughly (for the RAM budget): texts, features, maps."""
+        with self._lock:
+            size = 512 + 80 * len(self.served_hashes) + 160 * len(self.kept_maps)
+            size += sum(len(m["content"]) + 64 for m in self.transcript)
+            size += sum(len(raw) + 96 for raw, _n in self.unit_features.values())
+            size += sum(len(e.rendered) + 64 * len(e.units) + 96 for e in self.recall_log)
+            size += sum(16 * len(m.kept_ranges) for m in self.kept_maps.values())
+            return size
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "tenant": self.tenant,
-            "key_source": self.key_source,
-            "created_at": self.created_at,
-            "last_used": self.last_used,
-            "served_hashes": list(self.served_hashes),
-            "kept_maps": {h: m.to_dict() for h, m in self.kept_maps.items()},
-            "map_labels": dict(self.map_labels),
-            "recall_log": [e.to_dict() for e in self.recall_log],
-            "counters": dict(self.counters),
-            "transcript": list(self.transcript),
-            "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
-        }
+        with self._lock:
+            return {
+                "session_id": self.session_id,
+                "tenant": self.tenant,
+                "key_source": self.key_source,
+                "created_at": self.created_at,
+                "last_used": self.last_used,
+                "served_hashes": list(self.served_hashes),
+                "kept_maps": {h: m.to_dict() for h, m in self.kept_maps.items()},
+                "map_labels": dict(self.map_labels),
+                "recall_log": [e.to_dict() for e in self.recall_log],
+                "counters": dict(self.counters),
+                "transcript": list(self.transcript),
+                "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
+            }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionRecord:

@@ -1,30 +1,49 @@
-"""Live sessions: records in memory, KV states in a host-RAM tier with a byte budget, the disk store
-behind it. It is the engine's StateTier: the engine stashes a session's state here when it switches
-to another session and fetches it back (RAM first, then disk).
+"""Live sessions: records in an LRU, KV states in a host-RAM tier, both under one byte budget, the
+disk store behind them. It is the engine's StateTier: the engine stashes a session's state here
+when it switches to another session and fetches it back (RAM first, then disk).
 
-Called from the engine's worker thread and from the event loop, so every method takes the lock.
+Who owns what:
+- `_lock` guards the in-memory maps only: it is never held for I/O, so the event loop, which takes
+  it on every turn, never waits for a disk.
+- every store operation (write, load, delete, fsync) runs on `_io`, one dedicated thread: the store
+  has a single owner and operations on one session happen in the order they were asked for.
+- a record is changed only through its own methods (its own lock); persistence writes a snapshot.
+
+Records are written ahead (`record_sync`): before a response completes, the record it changed is
+on disk ("always": fsynced; "batched": renamed into place at once, fsynced within a second;
+"off": written only with a spill or at shutdown). KV states are written on a spill and at shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from engine.base import SavedState
+from sessions.files import StoreLock
 from sessions.record import SessionRecord
 from sessions.store import SessionStore
 
 log = logging.getLogger("pflash.sessions")
+
+RecordSync = Literal["always", "batched", "off"]
+SYNC_INTERVAL_S = 1.0  # the batched policy's longest wait before an fsync
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class SessionInfo:
     session_id: str
     tenant: str
-    tier: str  # "context" | "ram" | "disk" | "none"
+    tier: str  # "context" | "ram" | "disk" | "none": where the engine finds its KV next
     tokens: int
     ram_bytes: int
     disk_bytes: int
@@ -33,63 +52,182 @@ class SessionInfo:
 
 
 class SessionRegistry:
-    def __init__(self, store: SessionStore, ram_budget_bytes: int) -> None:
+    def __init__(self, store: SessionStore, ram_budget_bytes: int, record_sync: RecordSync = "batched",
+                 lock: StoreLock | None = None) -> None:
         self.store = store
+        self._store_lock = lock  # held while we serve; released by close()
         self._budget = ram_budget_bytes
-        self._lock = threading.RLock()
-        self._records: dict[str, SessionRecord] = {}
+        self.record_sync: RecordSync = record_sync
+        self._lock = threading.Lock()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-io")
+        self._records: OrderedDict[str, SessionRecord] = OrderedDict()  # LRU, oldest first
+        self._record_bytes: dict[str, int] = {}
+        self._records_total = 0
+        self._live: weakref.WeakValueDictionary[str, SessionRecord] = weakref.WeakValueDictionary()
+        self._written: dict[str, int] = {}  # record version known to be in the store
         self._ram: OrderedDict[str, SavedState] = OrderedDict()
         self._ram_bytes = 0
+        self._spilling: dict[str, SavedState] = {}  # leaving RAM, being written: still served from here
         self._in_context: tuple[str, int] | None = None  # (session, tokens) the engine holds
-        self._disk = store.index()  # the store's live index: known on disk, loaded lazily
-        self.counters: dict[str, int] = {"spills": 0, "store_errors": 0}
+        self._deleted: set[str] = set()  # deleted while the engine may still hold their state
+        self._sync_timer: threading.Timer | None = None
+        self.store.index()  # scan once now (the caller runs us off the event loop)
+        self.store.stale_dirs()
+        self.counters: dict[str, int] = {"spills": 0, "store_errors": 0, "records_evicted": 0}
 
-    # --- records -------------------------------------------------------------------------------
-    def get_or_create(self, session_id: str, tenant: str, key_source: str) -> SessionRecord:
+    # --- the I/O thread ----------------------------------------------------------------------------
+    async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._io.submit(fn, *args)
+
+    # --- records -----------------------------------------------------------------------------------
+    async def get_or_create(self, session_id: str, tenant: str, key_source: str) -> SessionRecord:
+        record = await self._resident(session_id)
+        if record is not None and record.tenant != tenant:
+            record = None  # a hash collision across tenants is not possible; be strict anyway
         with self._lock:
-            record = self._records.get(session_id)
-            if record is None and session_id in self._disk:
-                record = self.store.load_record(session_id)
-                if record is not None and record.tenant != tenant:
-                    record = None  # a hash collision across tenants is not possible; be strict anyway
+            self._deleted.discard(session_id)
             if record is None:
-                record = SessionRecord(session_id=session_id, tenant=tenant, key_source=key_source)
+                record = self._live.get(session_id)
+                if record is None or record.tenant != tenant:
+                    record = SessionRecord(session_id=session_id, tenant=tenant, key_source=key_source)
+                    self._written[session_id] = record.version  # nothing to write until it changes
             record.last_used = time.time()
-            self._records[session_id] = record
-            return record
+            self._keep(record)
+        return record
 
-    def find(self, session_id: str, tenant: str | None) -> SessionRecord | None:
+    async def find(self, session_id: str, tenant: str | None) -> SessionRecord | None:
         """A session by id, visible only to its tenant (None = admin, sees all)."""
-        with self._lock:
-            record = self._records.get(session_id)
-            if record is None and session_id in self._disk:
-                record = self.store.load_record(session_id)
-                if record is not None:
-                    self._records[session_id] = record
-            if record is None or (tenant is not None and record.tenant != tenant):
-                return None
-            return record
+        record = await self._resident(session_id)
+        if record is None or (tenant is not None and record.tenant != tenant):
+            return None
+        return record
 
-    def delete(self, session_id: str) -> None:
+    async def _resident(self, session_id: str) -> SessionRecord | None:
+        """The one in-memory record of a session, loading it from the store if it is cold."""
         with self._lock:
+            record = self._live.get(session_id)
+            if record is not None:
+                self._keep(record)
+                return record
+        if not self.store.has(session_id):
+            return None
+        loaded = await self._on_io(self.store.load_record, session_id)
+        if loaded is None:
+            return None
+        with self._lock:
+            record = self._live.get(session_id)  # loaded meanwhile by another request: keep that one
+            if record is None:
+                record = loaded
+                self._written[session_id] = record.version
+            self._keep(record)
+        return record
+
+    def _keep(self, record: SessionRecord) -> None:
+        """Under _lock: make the record the most recent in the LRU and account for it."""
+        sid = record.session_id
+        self._live[sid] = record
+        self._records[sid] = record
+        self._records.move_to_end(sid)
+        self._account(sid, record.approx_bytes())
+        self._evict_records()
+
+    def _account(self, session_id: str, size: int | None) -> None:
+        """Under _lock: a record's size in the budget (None: no longer counted)."""
+        self._records_total -= self._record_bytes.pop(session_id, 0)
+        if size is not None:
+            self._record_bytes[session_id] = size
+            self._records_total += size
+
+    def _evict_records(self) -> None:
+        """Under _lock: drop the least recently used records while over the RAM budget. A record
+        in use by a turn stays reachable (weakly) until the turn ends; a dirty one is written first;
+        one whose KV state is in memory stays (a spill writes the record with the state)."""
+        if self._ram_bytes + self._records_total <= self._budget:
+            return
+        pinned = {*self._ram, *self._spilling, *([self._in_context[0]] if self._in_context else [])}
+        for sid in [s for s in self._records if s not in pinned]:
+            if self._ram_bytes + self._records_total <= self._budget:
+                break
+            record = self._records.pop(sid)
+            self._account(sid, None)
+            self.counters["records_evicted"] += 1
+            if record.version != self._written.get(sid):
+                self._submit(self._write_record, record, True)
+            else:
+                self._written.pop(sid, None)
+
+    async def save_record(self, record: SessionRecord) -> None:
+        """Write ahead: the record is in the store when this returns (per `record_sync`)."""
+        if self.record_sync == "off":
+            return
+        await self._on_io(self._write_record, record, False)
+        with self._lock:
+            if record.session_id in self._records:
+                self._account(record.session_id, record.approx_bytes())
+                self._evict_records()
+
+    def _write_record(self, record: SessionRecord, force: bool) -> None:
+        """On the I/O thread: write the record's snapshot if it changed since the last write."""
+        version, data = record.snapshot()
+        if not force and self._written.get(record.session_id) == version and self.store.has(record.session_id):
+            return
+        try:
+            self.store.save_record(data, sync=self.record_sync == "always")
+        except OSError as exc:  # disk full, read-only store: keep serving, lose only the cache
+            self.counters["store_errors"] += 1
+            log.error("session %s: store write failed: %s", record.session_id[:12], exc)
+            return
+        with self._lock:
+            if record.session_id in self._records:
+                self._written[record.session_id] = max(version, self._written.get(record.session_id, 0))
+        if self.record_sync == "batched":
+            self._schedule_sync()
+
+    def _schedule_sync(self) -> None:
+        with self._lock:
+            if self._sync_timer is not None:
+                return
+            timer = threading.Timer(SYNC_INTERVAL_S, self._sync_soon)
+            timer.daemon = True
+            self._sync_timer = timer
+        timer.start()
+
+    def _sync_soon(self) -> None:
+        with self._lock:
+            self._sync_timer = None
+        try:
+            self._submit(self.store.sync_pending)
+        except RuntimeError:  # the I/O thread is shut down: flush() synced already
+            pass
+
+    async def delete(self, session_id: str) -> None:
+        with self._lock:
+            self._deleted.add(session_id)
             self._records.pop(session_id, None)
+            self._account(session_id, None)
+            self._live.pop(session_id, None)
+            self._written.pop(session_id, None)
             state = self._ram.pop(session_id, None)
             if state is not None:
                 self._ram_bytes -= len(state.blob)
             if self._in_context and self._in_context[0] == session_id:
                 self._in_context = None
-            self.store.delete(session_id)
+        await self._on_io(self.store.delete, session_id)
 
     def list(self, tenant: str | None) -> list[SessionInfo]:
+        disk = self.store.index()
         with self._lock:
-            ids = set(self._records) | set(self._disk)
-            infos = [self._info(sid) for sid in ids]
+            ids = set(self._live) | set(disk)
+            infos = [self._info(sid, disk) for sid in ids]
         return sorted((i for i in infos if tenant is None or i.tenant == tenant), key=lambda i: -i.last_used)
 
-    def _info(self, session_id: str) -> SessionInfo:
-        record = self._records.get(session_id)
-        disk = self._disk.get(session_id)
-        ram = self._ram.get(session_id)
+    def _info(self, session_id: str, index: dict[str, Any]) -> SessionInfo:
+        record = self._live.get(session_id)
+        disk = index.get(session_id)
+        ram = self._ram.get(session_id) or self._spilling.get(session_id)
         if self._in_context and self._in_context[0] == session_id:
             tier, tokens = "context", self._in_context[1]
         elif ram is not None:
@@ -109,72 +247,128 @@ class SessionRegistry:
             created_at=record.created_at if record else 0.0,
         )
 
-    def note_context(self, session_id: str, tokens: int) -> None:
+    # --- StateTier (called on the engine's worker thread) -------------------------------------------
+    def holding(self, session_id: str | None, tokens: int) -> None:
+        """The engine says what its context holds now (after each job, on its own thread)."""
         with self._lock:
-            self._in_context = (session_id, tokens)
+            self._in_context = (session_id, tokens) if session_id is not None and tokens > 0 else None
 
-    # --- StateTier ---------------------------------------------------------------------------------
     def stash(self, session_id: str, state: SavedState) -> None:
         with self._lock:
             if self._in_context and self._in_context[0] == session_id:
                 self._in_context = None
-            if session_id not in self._records:
+            if session_id in self._deleted:
                 return  # deleted meanwhile
             old = self._ram.pop(session_id, None)
             if old is not None:
                 self._ram_bytes -= len(old.blob)
             self._ram[session_id] = state
             self._ram_bytes += len(state.blob)
+            victims: list[tuple[str, SavedState]] = []
             while self._ram and self._ram_bytes > self._budget:
                 victim, victim_state = self._ram.popitem(last=False)
                 self._ram_bytes -= len(victim_state.blob)
-                self._persist(victim, victim_state)
+                self._spilling[victim] = victim_state
+                victims.append((victim, victim_state))
                 self.counters["spills"] += 1
+            self._evict_records()
+        for victim, victim_state in victims:  # written on the I/O thread; the worker goes on
+            self._submit(self._spill, victim, victim_state)
+
+    def _spill(self, session_id: str, state: SavedState) -> None:
+        try:
+            self._persist(session_id, state)
+        finally:
+            with self._lock:
+                if self._spilling.get(session_id) is state:
+                    del self._spilling[session_id]
 
     def fetch(self, session_id: str) -> tuple[SavedState, str] | None:
         with self._lock:
             state = self._ram.pop(session_id, None)
             if state is not None:
                 self._ram_bytes -= len(state.blob)
+            else:
+                state = self._spilling.get(session_id)
+            if state is not None:
                 self._in_context = (session_id, len(state.tokens))
                 return state, "ram"
-            if session_id not in self._disk:
-                return None
-            state = self.store.load_state(session_id)
-            if state is None:
-                return None
+            self._in_context = None
+        if not self.store.has(session_id):
+            return None
+        state = self._submit(self.store.load_state, session_id).result()  # the worker waits, not the loop
+        if state is None:
+            return None
+        with self._lock:
             self._in_context = (session_id, len(state.tokens))
-            return state, "disk"
+        return state, "disk"
 
-    # --- persistence -------------------------------------------------------------------------------
+    # --- persistence (on the I/O thread) -------------------------------------------------------------
     def _persist(self, session_id: str, state: SavedState | None) -> None:
-        record = self._records.get(session_id)
-        if record is None:
-            return
+        """A session's record (when changed or never written) and then its KV state, if given."""
+        record = self._live.get(session_id)
+        if record is None and not self.store.has(session_id):
+            return  # deleted, or never worth a record: its state alone could not be loaded
         try:
-            self.store.save(record, state)
+            if record is not None:
+                version, data = record.snapshot()
+                if self._written.get(session_id) != version or not self.store.has(session_id):
+                    self.store.save_record(data)
+                    with self._lock:
+                        self._written[session_id] = max(version, self._written.get(session_id, 0))
+            if state is not None:
+                self.store.save_kv(session_id, state)
         except OSError as exc:  # disk full, read-only store: keep serving, lose only the cache
             self.counters["store_errors"] += 1
             log.error("session %s: store write failed: %s", session_id[:12], exc)
 
     def flush(self) -> None:
-        """Write every session to disk: RAM states with their records, the rest as metadata."""
+        """Write every session that needs it: RAM states, and records changed since their last
+        write. One failing session is logged and skipped; the rest are still written."""
         with self._lock:
             ram = dict(self._ram)
             self._ram.clear()
             self._ram_bytes = 0
-            for session_id in list(self._records):
-                self._persist(session_id, ram.get(session_id))
+            changed = [sid for sid, r in self._live.items() if r.version != self._written.get(sid)]
+            ids = list(dict.fromkeys([*ram, *changed]))
+
+        def write_all() -> None:
+            for session_id in ids:
+                try:
+                    self._persist(session_id, ram.get(session_id))
+                except Exception:
+                    self.counters["store_errors"] += 1
+                    log.exception("session %s: flush failed; the others are still written", session_id[:12])
+            self.store.sync_pending()
+
+        self._submit(write_all).result()
+
+    def settle(self) -> None:
+        """Wait for the store I/O asked for so far (spills, writes)."""
+        self._submit(lambda: None).result()
+
+    def close(self) -> None:
+        """After flush(): no more store I/O."""
+        with self._lock:
+            timer, self._sync_timer = self._sync_timer, None
+        if timer is not None:
+            timer.cancel()
+        self._io.shutdown(wait=True)
+        self.store.sync_pending()
+        if self._store_lock is not None:
+            self._store_lock.release()
 
     def stats(self) -> dict[str, float]:
+        disk = self.store.index()
         with self._lock:
-            disk_bytes = sum(e.total_bytes for e in self._disk.values())
             return {
                 "sessions_context": 1.0 if self._in_context else 0.0,
-                "sessions_ram": float(len(self._ram)),
-                "sessions_disk": float(len(self._disk)),
+                "sessions_ram": float(len(self._ram) + len(self._spilling)),
+                "sessions_disk": float(len(disk)),
+                "sessions_records": float(len(self._records)),
                 "ram_bytes": float(self._ram_bytes),
-                "disk_bytes": float(disk_bytes),
+                "record_bytes": float(self._records_total),
+                "disk_bytes": float(sum(e.total_bytes for e in disk.values()) + self.store.stale_bytes()),
                 **{k: float(v) for k, v in self.counters.items()},
                 **{f"store_{k}": float(v) for k, v in self.store.counters.items()},
             }

@@ -1,42 +1,46 @@
 """The on-disk session store: `<root>/sessions/<fingerprint>/<session id>/{meta.msgpack, kv.zst}`.
 
-Every file is written to a temporary name, fsynced, renamed, and the directory fsynced, so a crash
-leaves either the old or the new file. The metadata carries a format version, the engine
-fingerprint (model sha256 + context size + KV types + chat template) and the checksum of the KV
-file; anything that fails to validate is discarded with a warning and the session falls back to a
-full prefill. Clients resend their history, so discarding loses time, never data.
+Two files per session, written independently:
+- `meta.msgpack`, the session record (kept-line maps, recall log, features, transcript): small,
+  written ahead of every response that depends on it (see SessionRegistry);
+- `kv.zst`, the KV state: written on a RAM spill and at shutdown. A header (token ids, sizes),
+  the zstd frame streamed from the state's byte planes, and a crc32 trailer of that frame.
+
+Every file is written to a unique temporary name and renamed, so a crash leaves either the old or
+the new file; files are 0600 and directories 0700 whatever the umask. The metadata carries a format
+version and the engine fingerprint (model sha256 + context size + KV types + chat template);
+anything that fails to validate is discarded with a warning and the session falls back to a full
+prefill. Clients resend their history, so discarding loses time, never data.
+
+Not thread-safe for writes: the registry runs every write, load and delete on one I/O thread.
+The index is read from other threads through `index()`, a copy taken under its own small lock.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import shutil
+import struct
+import threading
 import time
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
 import zstandard
 
 from engine.base import SavedState
+from sessions.files import PendingSyncs, make_private_dirs, write_atomic
+from sessions.layout import CURRENT, FORMAT_VERSION, KV, KV_MAGIC, META, StoreCorrupt, fingerprint_dir, head_bytes, read_kv_header
 from sessions.record import SessionRecord
 
 log = logging.getLogger("pflash.store")
 
-FORMAT_VERSION = 2  # 2: crc32 + zstd frame checksum instead of sha256 (resume latency)
-META = "meta.msgpack"
-KV = "kv.zst"
-
-
-class StoreCorrupt(Exception):
-    """A stored session failed validation."""
+_CHUNK = 1 << 20  # bytes of one byte plane handed to the compressor at a time
 
 
 @dataclass(frozen=True)
@@ -69,47 +73,52 @@ def join_planes(data: bytes, n: int) -> bytes:
     return out.tobytes()
 
 
-def fingerprint_dir(fingerprint: str) -> str:
-    return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+def _plane_chunks(blob: bytes) -> Iterator[bytes]:
+    """split_planes(blob), a few MiB at a time: a save never holds a second copy of the state."""
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    for plane in (arr[0::2], arr[1::2]):
+        for at in range(0, len(plane), _CHUNK):
+            yield plane[at : at + _CHUNK].tobytes()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a half-written file on a full disk would keep it full
-        raise
-    _fsync_dir(path.parent)
+class _CrcWriter:
+    """A file wrapper the compressor writes into: counts bytes and keeps the crc32 as they pass."""
 
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.crc = 0
+        self.size = 0
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def write(self, data: bytes) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
 class SessionStore:
     def __init__(self, root: Path, fingerprint: str, zstd_level: int = 1, budget_bytes: int | None = None) -> None:
         self.root = root
         self.fingerprint = fingerprint
-        self.dir = root / "sessions" / fingerprint_dir(fingerprint)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.base = root / "sessions"
+        self.dir = self.base / fingerprint_dir(fingerprint)
+        make_private_dirs(self.dir)
         self._level = zstd_level
         self._budget = budget_bytes
-        self.counters: dict[str, int] = {"writes": 0, "reads": 0, "failures": 0, "discarded": 0, "evicted": 0}
+        self.counters: dict[str, int] = {"writes": 0, "reads": 0, "failures": 0, "discarded": 0, "evicted": 0,
+                                         "record_writes": 0, "syncs": 0}
+        self.pending = PendingSyncs()
+        self._index_lock = threading.Lock()
         self._entries: dict[str, StoreEntry] | None = None  # the index, once scanned
+        self._stale: dict[Path, tuple[int, float]] | None = None  # other fingerprints: (bytes, mtime)
         self._sweep()
+        self._mark_current()
 
     def _sweep(self) -> None:
         """What a crash (kill -9, power loss) leaves behind: temp files of writes that never got
-        renamed, and session directories whose metadata was never written (nothing there loads)."""
+        renamed, and session directories without a record (nothing there loads)."""
         removed = 0
         try:
             for path in self.dir.iterdir():
@@ -126,6 +135,13 @@ class SessionStore:
         if removed:
             log.info("store: removed %d leftovers of interrupted writes", removed)
 
+    def _mark_current(self) -> None:
+        """Name the live fingerprint directory, so `sessions gc` knows which others are stale."""
+        try:
+            write_atomic(self.base / CURRENT, lambda fh: fh.write(self.dir.name.encode()))
+        except OSError as exc:
+            log.warning("store: cannot mark the current fingerprint: %s", exc)
+
     def _session_dir(self, session_id: str) -> Path:
         if len(session_id) != 64 or any(c not in "0123456789abcdef" for c in session_id):
             raise ValueError("session ids in the store are sha256 hex digests")
@@ -135,65 +151,74 @@ class SessionStore:
     def save(self, record: SessionRecord, state: SavedState | None) -> list[str]:
         """Persist a record and (if given) its KV state; returns the sessions evicted for space.
         Without a state, an existing KV file is kept: it still holds an exact prefix state."""
-        path = self._session_dir(record.session_id)
+        self.save_record(record.to_dict())
+        return self.save_kv(record.session_id, state) if state is not None else []
+
+    def save_record(self, data: dict[str, Any], sync: bool = True) -> None:
+        """Write a record snapshot (SessionRecord.to_dict()). `sync=False` leaves the fsync to
+        `sync_pending()` (the batched policy): safe against a kill, not yet against a power cut."""
+        session_id = str(data["session_id"])
+        path = self._session_dir(session_id)
+        fresh = not path.exists()
         try:
-            return self._save(path, record, state)
+            make_private_dirs(path)
+            meta = {"format": FORMAT_VERSION, "fingerprint": self.fingerprint, "saved_at": time.time(), "session": data}
+            packed = msgpack.packb(meta, use_bin_type=True)
+            write_atomic(path / META, lambda fh: fh.write(packed), sync=sync)
         except OSError:
-            if not (path / META).exists():  # e.g. disk full on a first write: leave no empty shell
+            if fresh:  # e.g. disk full on a first write: leave no empty shell
                 shutil.rmtree(path, ignore_errors=True)
             raise
+        if not sync:
+            self.pending.add(path / META)
+        self.counters["record_writes"] += 1
+        old = self._index_get(session_id)
+        self._index_put(StoreEntry(session_id, str(data["tenant"]), float(data["last_used"]),
+                                   old.kv_tokens if old else 0, len(packed), old.kv_bytes if old else 0,
+                                   old.kv_raw_bytes if old else 0))
 
-    def _save(self, path: Path, record: SessionRecord, state: SavedState | None) -> list[str]:
-        path.mkdir(parents=True, exist_ok=True)
-        kv_meta: dict[str, Any] | None = None
-        if state is not None:
-            # zstd's own frame checksum (xxh64) guards the content as it decompresses; crc32 of the
-            # file catches a torn or flipped file before any work. Both cost far less than sha256
-            # on the resume path, where every millisecond is time to first token.
-            packed = zstandard.ZstdCompressor(level=self._level, write_checksum=True).compress(split_planes(state.blob))
-            _write_atomic(path / KV, packed)
-            kv_meta = {
-                "tokens": list(state.tokens),
-                "raw_bytes": len(state.blob),
-                "zst_bytes": len(packed),
-                "crc32": zlib.crc32(packed),
-                "planes": 2,
-            }
-        else:
-            kv_meta = self._existing_kv_meta(path)
-        meta = {
-            "format": FORMAT_VERSION,
-            "fingerprint": self.fingerprint,
-            "saved_at": time.time(),
-            "session": record.to_dict(),
-            "kv": kv_meta,
-        }
-        packed_meta = msgpack.packb(meta, use_bin_type=True)
-        _write_atomic(path / META, packed_meta)
-        if kv_meta is None and (path / KV).exists():
-            (path / KV).unlink()
+    def save_kv(self, session_id: str, state: SavedState) -> list[str]:
+        """Write a KV state (the session's record must be on disk first); returns evicted sessions."""
+        path = self._session_dir(session_id)
+        if not (path / META).exists():
+            raise FileNotFoundError(f"session {session_id[:12]} has no record on disk")
+        raw = len(state.blob)
+        header = msgpack.packb({"format": FORMAT_VERSION, "fingerprint": self.fingerprint, "tokens": list(state.tokens),
+                                "raw_bytes": raw, "planes": 2}, use_bin_type=True)
+        written = 0
+
+        def fill(fh: BinaryIO) -> None:
+            nonlocal written
+            fh.write(KV_MAGIC + struct.pack("<I", len(header)) + header)
+            # zstd's own frame checksum (xxh64) guards the content as it decompresses; the crc32
+            # trailer catches a torn or flipped file before any work. Both cost far less than
+            # sha256 on the resume path, where every millisecond is time to first token.
+            sink = _CrcWriter(fh)
+            compressor = zstandard.ZstdCompressor(level=self._level, write_checksum=True)
+            with compressor.stream_writer(sink, size=raw, closefd=False) as writer:  # type: ignore[arg-type]
+                for chunk in _plane_chunks(state.blob):
+                    writer.write(chunk)
+            fh.write(struct.pack("<I", sink.crc))
+            written = 8 + len(header) + sink.size + 4
+
+        write_atomic(path / KV, fill)
         self.counters["writes"] += 1
-        # The index entry from what was just written (zst_bytes is the KV file's size, checked on
-        # load); an index not scanned yet will read it from disk when first asked.
-        if self._entries is not None:
-            self._entries[record.session_id] = StoreEntry(
-                session_id=record.session_id,
-                tenant=record.tenant,
-                last_used=record.last_used,
-                kv_tokens=len(kv_meta["tokens"]) if kv_meta else 0,
-                meta_bytes=len(packed_meta),
-                kv_bytes=int(kv_meta["zst_bytes"]) if kv_meta else 0,
-                kv_raw_bytes=int(kv_meta["raw_bytes"]) if kv_meta else 0,
-            )
-        return self.enforce_budget(protect={record.session_id})
+        old = self._index_get(session_id)
+        if old is not None:
+            self._index_put(replace(old, kv_tokens=len(state.tokens), kv_bytes=written, kv_raw_bytes=raw))
+        return self.enforce_budget(protect={session_id})
 
-    def _existing_kv_meta(self, path: Path) -> dict[str, Any] | None:
+    def sync_pending(self) -> int:
+        """fsync what `save_record(sync=False)` left unsynced; the number of files."""
         try:
-            old = self._read_meta(path)
-        except (StoreCorrupt, FileNotFoundError):
-            return None
-        kv = old.get("kv")
-        return kv if isinstance(kv, dict) else None
+            synced = self.pending.sync()
+        except OSError as exc:  # the files are renamed into place already; only durability waits
+            self.counters["failures"] += 1
+            log.error("store: fsync failed: %s", exc)
+            return 0
+        if synced:
+            self.counters["syncs"] += 1
+        return synced
 
     # --- reading ---------------------------------------------------------------------------------
     def _read_meta(self, path: Path) -> dict[str, Any]:
@@ -228,30 +253,34 @@ class SessionStore:
     def load_state(self, session_id: str) -> SavedState | None:
         path = self._session_dir(session_id)
         try:
-            meta = self._read_meta(path)
-            kv = meta.get("kv")
-            if not kv:
-                return None
-            packed = (path / KV).read_bytes()
-            if len(packed) != kv["zst_bytes"] or zlib.crc32(packed) != kv["crc32"]:
+            data = memoryview((path / KV).read_bytes())
+            header, start = read_kv_header(data)
+            if header.get("format") != FORMAT_VERSION or header.get("fingerprint") != self.fingerprint:
+                raise StoreCorrupt("KV file of another format or fingerprint")
+            frame = data[start:-4]
+            if len(data) < start + 4 or zlib.crc32(frame) != struct.unpack("<I", data[-4:])[0]:
                 raise StoreCorrupt("KV checksum mismatch (truncated or modified)")
-            blob = join_planes(zstandard.ZstdDecompressor().decompress(packed, max_output_size=kv["raw_bytes"]), kv["raw_bytes"])
-            tokens = tuple(int(t) for t in kv["tokens"])
+            raw = int(header["raw_bytes"])
+            blob = join_planes(zstandard.ZstdDecompressor().decompress(frame, max_output_size=raw), raw)
+            tokens = tuple(int(t) for t in header["tokens"])
         except FileNotFoundError:
             return None
         except (StoreCorrupt, KeyError, TypeError, ValueError, zstandard.ZstdError, OSError) as exc:
             self.counters["failures"] += 1
             log.warning("session %s: stored KV discarded (%s); serving by full prefill", session_id[:12], exc)
-            self._drop_kv(path)
+            self._drop_kv(session_id)
             return None
         self.counters["reads"] += 1
         return SavedState(tokens, blob)
 
-    def _drop_kv(self, path: Path) -> None:
+    def _drop_kv(self, session_id: str) -> None:
         try:
-            (path / KV).unlink(missing_ok=True)
+            (self._session_dir(session_id) / KV).unlink(missing_ok=True)
         except OSError:
             pass
+        old = self._index_get(session_id)
+        if old is not None:  # /v1/sessions must not keep naming a tier that is gone
+            self._index_put(replace(old, kv_tokens=0, kv_bytes=0, kv_raw_bytes=0))
 
     def _discard(self, session_id: str, why: str) -> None:
         self.counters["discarded"] += 1
@@ -264,17 +293,14 @@ class SessionStore:
         try:
             meta = self._read_meta(path)
             session = meta["session"]
-            kv = meta.get("kv") or {}
-            kv_file = path / KV
-            return StoreEntry(
-                session_id=session_id,
-                tenant=str(session["tenant"]),
-                last_used=float(session["last_used"]),
-                kv_tokens=len(kv.get("tokens", [])),
-                meta_bytes=(path / META).stat().st_size,
-                kv_bytes=kv_file.stat().st_size if kv_file.exists() else 0,
-                kv_raw_bytes=int(kv.get("raw_bytes", 0)),
-            )
+            kv_tokens, kv_bytes, kv_raw = 0, 0, 0
+            if (path / KV).exists():
+                with (path / KV).open("rb") as fh:
+                    header, _start = read_kv_header(head_bytes(fh))
+                kv_tokens, kv_raw = len(header.get("tokens", [])), int(header.get("raw_bytes", 0))
+                kv_bytes = (path / KV).stat().st_size
+            return StoreEntry(session_id, str(session["tenant"]), float(session["last_used"]), kv_tokens,
+                              (path / META).stat().st_size, kv_bytes, kv_raw)
         except (StoreCorrupt, KeyError, TypeError, ValueError, OSError) as exc:
             if path.exists():
                 log.warning("session %s: stored session ignored (%s); it will be served by full prefill",
@@ -283,34 +309,76 @@ class SessionStore:
 
     def _live_index(self) -> dict[str, StoreEntry]:
         """Every valid stored session (invalid ones are left for `sessions gc`), without loading
-        KV states. Scanned once, then kept current by save and delete: a budget check on every
-        save must not re-read every session's metadata."""
-        if self._entries is None:
-            entries: dict[str, StoreEntry] = {}
-            for path in sorted(self.dir.iterdir()) if self.dir.exists() else []:
-                if path.is_dir() and not path.name.startswith(".") and (found := self.entry(path.name)):
-                    entries[path.name] = found
-            self._entries = entries
-        return self._entries
+        KV states. Scanned once, then kept current by save and delete."""
+        with self._index_lock:
+            if self._entries is not None:
+                return self._entries
+        entries: dict[str, StoreEntry] = {}
+        for path in sorted(self.dir.iterdir()) if self.dir.exists() else []:
+            if path.is_dir() and not path.name.startswith(".") and (found := self.entry(path.name)):
+                entries[path.name] = found
+        with self._index_lock:
+            if self._entries is None:
+                self._entries = entries
+            return self._entries
 
-    def index(self) -> Mapping[str, StoreEntry]:
-        """A read-only view of the index; it follows later saves and deletes."""
-        return MappingProxyType(self._live_index())
+    def index(self) -> dict[str, StoreEntry]:
+        """A copy of the index, safe to iterate while the I/O thread writes."""
+        live = self._live_index()
+        with self._index_lock:
+            return dict(live)
+
+    def has(self, session_id: str) -> bool:
+        return self._index_get(session_id) is not None
+
+    def _index_get(self, session_id: str) -> StoreEntry | None:
+        live = self._live_index()
+        with self._index_lock:
+            return live.get(session_id)
+
+    def _index_put(self, entry: StoreEntry) -> None:
+        live = self._live_index()
+        with self._index_lock:
+            live[entry.session_id] = entry
 
     def delete(self, session_id: str) -> bool:
         path = self._session_dir(session_id)
-        if self._entries is not None:
-            self._entries.pop(session_id, None)
+        live = self._live_index()
+        with self._index_lock:
+            live.pop(session_id, None)
         if not path.exists():
             return False
         shutil.rmtree(path, ignore_errors=True)
         return True
 
+    def stale_dirs(self) -> dict[Path, tuple[int, float]]:
+        """Directories of other fingerprints (another model or context size): (bytes, mtime).
+        This server can never load them; they count against the disk budget and go first."""
+        if self._stale is None:
+            stale: dict[Path, tuple[int, float]] = {}
+            for path in self.base.iterdir() if self.base.exists() else []:
+                if path.is_dir() and path != self.dir:
+                    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                    stale[path] = (size, path.stat().st_mtime)
+            self._stale = stale
+        return self._stale
+
+    def stale_bytes(self) -> int:
+        return sum(size for size, _mtime in self.stale_dirs().values())
+
     def enforce_budget(self, protect: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
         if self._budget is None:
             return []
-        entries = sorted(self._live_index().values(), key=lambda e: e.last_used)
-        total = sum(e.total_bytes for e in entries)
+        entries = sorted(self.index().values(), key=lambda e: e.last_used)
+        total = sum(e.total_bytes for e in entries) + self.stale_bytes()
+        stale = self.stale_dirs()
+        for path, (size, _mtime) in sorted(stale.items(), key=lambda item: item[1][1]):
+            if total <= self._budget:
+                break
+            shutil.rmtree(path, ignore_errors=True)
+            del stale[path]
+            total -= size
+            log.info("store: removed %s (another model or context size) for the disk budget", path.name)
         evicted: list[str] = []
         for entry in entries:
             if total <= self._budget:
@@ -322,3 +390,4 @@ class SessionStore:
             evicted.append(entry.session_id)
         self.counters["evicted"] += len(evicted)
         return evicted
+

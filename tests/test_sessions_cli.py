@@ -40,3 +40,37 @@ def test_ls_rm_gc(tmp_path: Path) -> None:
     assert cleaned.returncode == 0 and "removed 1 invalid" in cleaned.stdout
     assert not (store.dir / broken.session_id).exists()
     assert (store.dir / good.session_id / META).exists()
+
+
+def test_rm_and_gc_refuse_while_a_server_holds_the_store(tmp_path: Path) -> None:
+    from sessions.files import StoreLock
+
+    store = SessionStore(tmp_path, FP)
+    record = make_record("live")
+    store.save(record, make_state(size=2000))
+    (store.dir / ("f" * 64)).mkdir()  # an invalid leftover gc would remove
+    server = StoreLock(tmp_path)
+    server.hold_shared()
+    try:
+        for args in (("gc",), ("rm", record.session_id[:12])):
+            refused = cli(tmp_path, *args)
+            assert refused.returncode == 1
+            assert refused.stderr.count("\n") == 1 and "server holds the store" in refused.stderr
+        assert (store.dir / record.session_id / META).exists() and (store.dir / ("f" * 64)).exists()
+        assert cli(tmp_path, "ls").returncode == 0  # reading is fine
+    finally:
+        server.release()
+    assert cli(tmp_path, "gc").returncode == 0
+    assert not (store.dir / ("f" * 64)).exists()
+
+
+def test_gc_removes_directories_of_another_model(tmp_path: Path) -> None:
+    old = SessionStore(tmp_path, "another-model|8192|f16|f16|swa_full=False|template")
+    old.save(make_record("old"), make_state(size=2000))
+    current = SessionStore(tmp_path, FP)  # the last server to start names its directory current
+    kept = make_record("kept")
+    current.save(kept, make_state(size=2000))
+    cleaned = cli(tmp_path, "gc")
+    assert cleaned.returncode == 0 and "1 stale model directories" in cleaned.stdout
+    assert not old.dir.exists()
+    assert (current.dir / kept.session_id / META).exists()

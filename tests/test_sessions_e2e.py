@@ -10,7 +10,7 @@ import httpx
 import msgpack
 import pytest
 
-from sessions.store import FORMAT_VERSION, KV, META
+from sessions.layout import FORMAT_VERSION, KV, META, read_kv_header
 from tests.conftest import Gateway
 
 pytestmark = pytest.mark.engine
@@ -69,8 +69,9 @@ def test_restart_resumes_without_prefill_and_answers_identically(start_gateway, 
     stored = [p for p in (tmp_path / "restarted" / "sessions").glob("*/*") if p.is_dir()]
     assert len(stored) == 1
     meta = msgpack.unpackb((stored[0] / META).read_bytes(), raw=False)
-    assert meta["format"] == FORMAT_VERSION and len(meta["kv"]["tokens"]) >= prompt_tokens(reply)
-    assert (stored[0] / KV).stat().st_size == meta["kv"]["zst_bytes"]
+    header, _start = read_kv_header((stored[0] / KV).read_bytes())
+    assert meta["format"] == FORMAT_VERSION == header["format"] and len(header["tokens"]) >= prompt_tokens(reply)
+    assert meta["session"]["counters"]["turns"] == 1
 
     history2 = follow_up(history, reply, "Rewrite it with type hints.")
     resumed_server = start_gateway(store=tmp_path / "restarted")

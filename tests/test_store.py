@@ -18,7 +18,6 @@ from engine.base import SavedState
 from policies.kept_lines import KeptLineMap
 from sessions.identity import session_hash
 from sessions.record import RecallEntry, SessionRecord
-from sessions.registry import SessionRegistry
 from sessions.store import KV, META, SessionStore, join_planes, split_planes
 
 FP = "model-sha|4096|f16|f16|swa_full=False|template"
@@ -54,7 +53,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     assert loaded.load_state(record.session_id) == state
 
 
-def test_metadata_only_save_keeps_kv(tmp_path: Path) -> None:
+def test_record_only_save_keeps_kv(tmp_path: Path) -> None:
     store = SessionStore(tmp_path, FP)
     record, state = make_record(), make_state()
     store.save(record, state)
@@ -109,6 +108,7 @@ def test_bad_metadata_discards_session(tmp_path: Path, corrupt, caplog: pytest.L
     record = make_record()
     store.save(record, make_state())
     corrupt(store.dir / record.session_id)
+    store = SessionStore(tmp_path, FP)  # as after a restart
     assert record.session_id not in store.index()
     assert store.load_record(record.session_id) is None
     assert store.load_state(record.session_id) is None
@@ -150,44 +150,66 @@ def test_disk_budget_evicts_least_recently_used(tmp_path: Path) -> None:
     assert sum(e.total_bytes for e in store.index().values()) <= 250_000
 
 
-def test_registry_ram_tier_spills_to_disk(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path, FP)
-    registry = SessionRegistry(store, ram_budget_bytes=120_000)
-    a = registry.get_or_create(session_hash("t", "a"), "t", "x")
-    b = registry.get_or_create(session_hash("t", "b"), "t", "x")
-    registry.stash(a.session_id, make_state(size=100_000))
-    registry.stash(b.session_id, make_state(size=100_000))  # over budget: A spills to disk
-    assert {i.session_id: i.tier for i in registry.list("t")} == {a.session_id: "disk", b.session_id: "ram"}
-    assert registry.fetch(a.session_id) == (make_state(size=100_000), "disk")
-    assert registry.fetch(b.session_id) == (make_state(size=100_000), "ram")
-    assert registry.list("other-tenant") == []
-
-
-def test_registry_flush_then_new_registry_restores(tmp_path: Path) -> None:
-    registry = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=10**9)
-    record = registry.get_or_create(session_hash("t", "a"), "t", "x")
-    registry.stash(record.session_id, make_state())
-    registry.flush()
-    again = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=10**9)
-    assert again.find(record.session_id, "t") is not None
-    assert again.find(record.session_id, "someone-else") is None
-    assert again.fetch(record.session_id) == (make_state(), "disk")
-
-
-def test_store_write_failure_is_counted_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    registry = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=0)
-    record = registry.get_or_create(session_hash("t", "a"), "t", "x")
-
-    def disk_full(*_args: object, **_kw: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr("sessions.store._write_atomic", disk_full)
-    registry.stash(record.session_id, make_state())  # spills immediately and fails
-    assert registry.counters["store_errors"] == 1
-    assert registry.fetch(record.session_id) is None
-
-
 def test_session_ids_must_be_hashes(tmp_path: Path) -> None:
     store = SessionStore(tmp_path, FP)
     with pytest.raises(ValueError):
         store.delete("../../etc")
+
+
+def test_files_0600_and_dirs_0700_under_umask_022(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        store = SessionStore(tmp_path / "store", FP)
+        record = make_record()
+        store.save(record, make_state())
+    finally:
+        os.umask(old)
+    root = tmp_path / "store"
+    for path in [root, *root.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_temp_names_are_unique_per_write(tmp_path: Path) -> None:
+    from sessions.files import temp_name
+
+    target = tmp_path / "meta.msgpack"
+    names = {temp_name(target) for _ in range(1000)}
+    assert len(names) == 1000 and all(str(os.getpid()) in n.name for n in names)
+
+
+def test_kv_save_streams_without_whole_copies(tmp_path: Path) -> None:
+    import tracemalloc
+
+    store = SessionStore(tmp_path, FP)
+    record = make_record()
+    store.save_record(record.to_dict())
+    state = SavedState(tuple(range(10)), bytes(range(256)) * (64 * 1024))  # 16 MiB, compressible
+    tracemalloc.start()
+    store.save_kv(record.session_id, state)
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < len(state.blob) // 4, peak  # chunks of a MiB, not 4-5 copies of the state
+    assert store.load_state(record.session_id) == state
+
+
+def test_stale_fingerprints_count_in_the_budget_and_go_first(tmp_path: Path) -> None:
+    old = SessionStore(tmp_path, "another-model|8192|f16|f16|swa_full=False|template")
+    old_record = make_record("old")
+    old.save(old_record, make_state(size=200_000))
+    store = SessionStore(tmp_path, FP, budget_bytes=300_000)
+    assert store.stale_bytes() > 200_000
+    record = make_record("new")
+    store.save(record, make_state(size=150_000))  # 350 KB with the stale directory: over budget
+    assert not old.dir.exists()  # the other model's sessions went, not ours
+    assert record.session_id in store.index()
+
+
+def test_dropped_kv_leaves_the_index(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, FP)
+    record = make_record()
+    store.save(record, make_state())
+    assert store.index()[record.session_id].kv_tokens == 300
+    _corrupt_flip(store.dir / record.session_id)
+    assert store.load_state(record.session_id) is None
+    assert store.index()[record.session_id].kv_tokens == 0

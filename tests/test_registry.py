@@ -1,0 +1,242 @@
+"""The session registry: RAM tier and record LRU under one budget, records written ahead, store
+I/O on its own thread (never under the lock the event loop takes), flush that survives failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.base import SavedState
+from sessions.identity import session_hash
+from sessions.record import RecallEntry, SessionRecord
+from sessions.registry import SessionRegistry
+from sessions.store import SessionStore
+from tests.test_store import FP, make_record, make_state
+
+
+def sid(name: str) -> str:
+    return session_hash("t", name)
+
+
+def registry_at(path: Path, budget: int = 10**9, sync: str = "batched") -> SessionRegistry:
+    return SessionRegistry(SessionStore(path, FP), ram_budget_bytes=budget, record_sync=sync)  # type: ignore[arg-type]
+
+
+def test_ram_tier_spills_to_disk(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=130_000)
+        a = await registry.get_or_create(sid("a"), "t", "x")
+        b = await registry.get_or_create(sid("b"), "t", "x")
+        registry.stash(a.session_id, make_state(size=100_000))
+        registry.stash(b.session_id, make_state(size=100_000))  # over budget: A spills to disk
+        registry.settle()
+        assert {i.session_id: i.tier for i in registry.list("t")} == {a.session_id: "disk", b.session_id: "ram"}
+        assert registry.fetch(a.session_id) == (make_state(size=100_000), "disk")
+        assert registry.fetch(b.session_id) == (make_state(size=100_000), "ram")
+        assert registry.list("other-tenant") == []
+
+    asyncio.run(run())
+
+
+def test_flush_then_new_registry_restores(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        registry.stash(record.session_id, make_state())
+        registry.flush()
+        again = registry_at(tmp_path)
+        assert await again.find(record.session_id, "t") is not None
+        assert await again.find(record.session_id, "someone-else") is None
+        assert again.fetch(record.session_id) == (make_state(), "disk")
+
+    asyncio.run(run())
+
+
+def test_store_write_failure_is_counted_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=0)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        record.count("turns")
+
+        def disk_full(*_args: object, **_kw: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr("sessions.store.write_atomic", disk_full)
+        registry.stash(record.session_id, make_state())  # spills at once and fails
+        registry.settle()
+        assert registry.counters["store_errors"] == 1
+        assert registry.fetch(record.session_id) is None
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("sync", ["always", "batched"])
+def test_records_are_written_ahead(tmp_path: Path, sync: str) -> None:
+    """A changed record is in the store as soon as save_record returns: a process killed right
+    after (no flush, no spill) restarts with it."""
+    async def run() -> None:
+        registry = registry_at(tmp_path, sync=sync)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        record.add_recall(RecallEntry("e" * 64, "recalled text", (("c" * 64, 1, 2),)))
+        await registry.save_record(record)
+        fresh = SessionStore(tmp_path, FP).load_record(record.session_id)
+        assert fresh is not None and fresh.to_dict() == record.to_dict()
+
+    asyncio.run(run())
+
+
+def test_record_sync_off_writes_nothing_ahead(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, sync="off")
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        record.count("turns")
+        await registry.save_record(record)
+        assert SessionStore(tmp_path, FP).load_record(record.session_id) is None
+        registry.flush()  # ... only at shutdown (or a spill)
+        assert SessionStore(tmp_path, FP).load_record(record.session_id) is not None
+
+    asyncio.run(run())
+
+
+def test_batched_sync_fsyncs_within_a_second(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, sync="batched")
+        for name in ("a", "b", "c"):
+            record = await registry.get_or_create(sid(name), "t", "x")
+            record.count("turns")
+            await registry.save_record(record)
+        assert len(registry.store.pending) == 3
+        deadline = time.time() + 3
+        while not registry.store.counters["syncs"] and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(registry.store.pending) == 0
+        assert registry.store.counters["syncs"] == 1  # one batch for the three writes
+
+    asyncio.run(run())
+
+
+def test_records_stay_under_the_ram_budget_and_reload_from_the_store(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=100_000)
+        for i in range(400):
+            record = await registry.get_or_create(sid(f"s{i}"), "t", "x")
+            record.note_served(["a" * 64], [{"role": "user", "content": f"question {i} " * 40}], [("turns", 1)])
+            await registry.save_record(record)
+            del record
+        stats = registry.stats()
+        assert stats["record_bytes"] <= 100_000
+        assert stats["sessions_records"] < 400 and stats["records_evicted"] > 0
+        again = await registry.find(sid("s3"), "t")  # long evicted: read back from the store
+        assert again is not None and again.transcript[0]["content"].startswith("question 3 ")
+        assert len(registry.list("t")) == 400
+
+    asyncio.run(run())
+
+
+def test_a_record_in_use_keeps_one_identity_through_eviction(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=0)
+        held = await registry.get_or_create(sid("held"), "t", "x")
+        await registry.get_or_create(sid("other"), "t", "x")  # evicts "held" from the LRU
+        assert await registry.get_or_create(sid("held"), "t", "x") is held
+
+    asyncio.run(run())
+
+
+def test_flush_writes_only_changed_records_and_survives_a_failing_one(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, sync="off")
+        records = [await registry.get_or_create(sid(f"s{i}"), "t", "x") for i in range(4)]
+        for record in records[:3]:
+            record.count("turns")  # s3 is untouched: nothing to write
+        save = registry.store.save_record
+
+        def failing(data: dict, sync: bool = True) -> None:  # type: ignore[type-arg]
+            if data["session_id"] == records[0].session_id:
+                raise RuntimeError("a bug in one record")
+            save(data, sync)
+
+        monkeypatch.setattr(registry.store, "save_record", failing)
+        registry.flush()
+        on_disk = set(SessionStore(tmp_path, FP).index())
+        assert on_disk == {records[1].session_id, records[2].session_id}
+        assert registry.counters["store_errors"] == 1
+
+    asyncio.run(run())
+
+
+def test_snapshots_while_another_thread_changes_the_record(tmp_path: Path) -> None:
+    """The recall gate appends from a worker thread while a spill snapshots the record: never a
+    'dictionary changed size during iteration'."""
+    record = make_record()
+    stop = threading.Event()
+
+    def mutate() -> None:
+        for i in range(3000):
+            record.add_recall(RecallEntry(f"{i:064x}", "r", ((f"{i:064x}", i, i),)))
+            record.add_kept_map(record.kept_maps["c" * 64].__class__(f"{i:064x}", ((0, 1),), 10, 5, "d" * 64), "l",
+                                {f"u{i}": (b"x", 1)})
+        stop.set()
+
+    thread = threading.Thread(target=mutate)
+    thread.start()
+    snapshots = 0
+    while not stop.is_set():
+        _version, data = record.snapshot()
+        assert len(data["kept_maps"]) == len(data["map_labels"])
+        snapshots += 1
+    thread.join()
+    assert snapshots > 1
+    assert SessionRecord.from_dict(record.to_dict()).to_dict() == record.to_dict()
+
+
+def test_the_event_loop_never_waits_for_store_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow KV write (a big model's state) runs on the I/O thread: turns keep being admitted
+    and listed meanwhile, the engine's worker is not held either."""
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=0)
+        a = await registry.get_or_create(sid("a"), "t", "x")
+        a.count("turns")
+        save_kv = registry.store.save_kv
+
+        def slow_save_kv(session_id: str, state: SavedState) -> list[str]:
+            time.sleep(1.0)
+            return save_kv(session_id, state)
+
+        monkeypatch.setattr(registry.store, "save_kv", slow_save_kv)
+        started = time.perf_counter()
+        registry.stash(a.session_id, make_state())  # the engine's worker: returns at once
+        assert time.perf_counter() - started < 0.2
+        started = time.perf_counter()
+        await registry.get_or_create(sid("b"), "t", "x")
+        registry.list("t")
+        registry.stats()
+        assert time.perf_counter() - started < 0.2
+        assert {i.session_id: i.tier for i in registry.list("t")}[a.session_id] == "ram"  # still spilling
+        assert registry.fetch(a.session_id) == (make_state(), "ram")  # and served from memory meanwhile
+        registry.settle()
+
+    asyncio.run(run())
+
+
+def test_tier_follows_the_engine_and_dropped_files(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=0)
+        a = await registry.get_or_create(sid("a"), "t", "x")
+        a.count("turns")
+        registry.holding(a.session_id, 300)
+        assert registry.list("t")[0].tier == "context"
+        registry.stash(a.session_id, make_state())
+        registry.settle()
+        assert registry.list("t")[0].tier == "disk"
+        path = registry.store.dir / a.session_id / "kv.zst"
+        path.write_bytes(path.read_bytes()[:100])
+        assert registry.fetch(a.session_id) is None  # fails its checksum: dropped
+        assert registry.list("t")[0].tier == "none"
+
+    asyncio.run(run())
