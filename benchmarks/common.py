@@ -54,9 +54,10 @@ class BenchContext:
             d.mkdir(parents=True, exist_ok=True)
         if self.model_path is None and self.model_error is None:
             try:
-                from engine.model_files import default_model_path
+                from engine.model_parts import GEMMA_3_270M, assemble
 
-                self.model_path = default_model_path(self.cache_dir / "models")
+                # Gemma 3 270M: these sections measure the gateway, not the model (fast and small).
+                self.model_path = assemble(GEMMA_3_270M, self.cache_dir / "models")
             except Exception as exc:  # the sections say so; the run goes on
                 self.model_error = str(exc)
 
