@@ -31,7 +31,7 @@ from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md. Timing sections (overhead .. load) are written by another module
 # owner; they appear as soon as their module exists.
-SECTION_ORDER = ["retention", "recall", "head", "overhead", "resume", "ttft", "load", "faults"]
+SECTION_ORDER = ["retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults"]
 OUTPUT = ROOT / "BENCHMARKS.md"
 
 
