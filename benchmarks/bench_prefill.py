@@ -82,7 +82,7 @@ def run(ctx: BenchContext) -> Section:
              f"{q.prefill_s / g.prefill_s:.1f}×"] for q, g in zip(qwen, gemma)]
     table = md_table(["prompt tokens", "Qwen prefill s", "Qwen tok/s", "Qwen decode tok/s", "Gemma prefill s",
                       "Gemma tok/s", "Gemma decode tok/s", "Qwen / Gemma time"], rows)
-    return Section(TITLE, (
+    return Section(TITLE, model=f"{QWEN_CODER_05B.label} and {GEMMA_3_270M.label}", markdown=(
         "Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (what `make serve` runs) and Gemma 3 270M Q4_K_M (the "
         "drafter and the test suite's model), each alone in process with the gateway's engine settings "
         "(f16 KV, n_batch = n_ubatch = 512, all cores), prefilling the first N tokens of this repository's "

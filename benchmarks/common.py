@@ -23,6 +23,7 @@ BENCH_DIR = ROOT / "benchmarks"
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"  # never copied into the repository
 
 T = TypeVar("T")
+GATEWAY_BENCH_MODEL = "Gemma 3 270M Q4_K_M (fast base model, also the drafter)"
 log = logging.getLogger("pflash.bench")
 
 
@@ -31,6 +32,9 @@ class Section:
     title: str
     markdown: str  # the section's body (tables, commentary); the runner adds heading and run line
     plots: list[Path] = field(default_factory=list)
+    # The model(s) the section ran, named under its heading: most sections measure the gateway,
+    # not the model, on the fast one.
+    model: str = GATEWAY_BENCH_MODEL
 
 
 @dataclass

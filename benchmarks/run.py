@@ -82,7 +82,7 @@ def render_section(name: str, section: Section, command: str, seconds: float, lo
     when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     # The load average says whether other work shared the cores: timings depend on it.
     run_line = (f"_Produced by `{command}` on {when}; {machine_line()}; load average {load:.1f} when "
-                f"it started; section took {seconds:.0f} s._")
+                f"it started; section took {seconds:.0f} s. Model: {section.model}._")
     body = section.markdown.strip()
     return f"<!-- section: {name} -->\n## {section.title}\n\n{run_line}\n\n{body}\n"
 

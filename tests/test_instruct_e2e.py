@@ -121,7 +121,8 @@ def test_anthropic_messages_tool_use_and_result(instruct_gateway: Gateway) -> No
                                  default_headers={"X-Session-Id": "instruct-" + uuid.uuid4().hex})
     tools = [{"name": "get_weather", "description": WEATHER_DESCRIPTION, "input_schema": WEATHER_SCHEMA}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    first = client.messages.create(model=MODEL, max_tokens=48, temperature=0, tools=tools, messages=messages)
+    greedy = {"temperature": 0}  # this SDK release has no `temperature` argument; the wire field is honoured
+    first = client.messages.create(model=MODEL, max_tokens=48, extra_body=greedy, tools=tools, messages=messages)
     assert first.stop_reason == "tool_use", first
     uses = [block for block in first.content if block.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather"
@@ -130,7 +131,7 @@ def test_anthropic_messages_tool_use_and_result(instruct_gateway: Gateway) -> No
     messages += [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
                                                "content": WEATHER_RESULT}]}]
-    final = client.messages.create(model=MODEL, max_tokens=40, temperature=0, tools=tools, messages=messages)
+    final = client.messages.create(model=MODEL, max_tokens=40, extra_body=greedy, tools=tools, messages=messages)
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert_final_answer("".join(block.text for block in final.content if block.type == "text"))
 
