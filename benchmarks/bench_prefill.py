@@ -17,7 +17,7 @@ from benchmarks.common import ROOT, BenchContext, Section, md_table
 
 TITLE = "Prefill rate: Qwen2.5-Coder-0.5B-Instruct (served default) vs Gemma 3 270M"
 SIZES = (2048, 8192, 16384, 30720)
-QUICK_SIZES = (512, 1024)
+QUICK_SIZES = (512, 2048)
 DECODE_TOKENS = 32
 
 

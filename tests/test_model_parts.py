@@ -137,3 +137,30 @@ def test_the_whole_file_hash_is_checked_too(packages: tuple[Path, ChunkedModel, 
     with pytest.raises(ModelFileError, match=f"refusing the assembled .*expected {'0' * 64}$"):
         assemble(wrong, tmp_path / "models")
     assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_serve_refuses_a_corrupted_copy_of_a_real_part_with_one_line(tmp_path: Path) -> None:
+    """`pflash-gateway serve` on the default model, with a copy of part 1 of Qwen2.5-Coder-0.5B-Instruct
+    (one byte flipped) found first on the path: it stops before loading anything, with one line."""
+    import subprocess
+
+    from engine.model_parts import QWEN_CODER_05B, package_dir
+    from tests.conftest import ROOT
+
+    part = QWEN_CODER_05B.parts[0]
+    installed = package_dir(part.package)
+    assert installed is not None, "the test extra installs the Qwen parts"
+    copy = tmp_path / "site" / part.package
+    (copy / "data").mkdir(parents=True)
+    (copy / "__init__.py").write_text("raise RuntimeError('never imported')\n")  # a regular package: found first
+    data = bytearray((installed / part.relpath).read_bytes())
+    data[12345] ^= 0x80
+    (copy / part.relpath).write_bytes(bytes(data))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"}
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--store-dir", str(tmp_path / "store"),
+                             "--port", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert str(copy / part.relpath) in lines[0] and part.sha256 in lines[0]
+    assert not (tmp_path / "store" / "models" / QWEN_CODER_05B.file_name).exists()
