@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: serve test install install-test bench clean
 
-$(VENV)/.installed-%: pyproject.toml scripts/bootstrap.sh
+$(VENV)/.installed-%: pyproject.toml scripts/bootstrap.sh requirements/qwen2.5-coder-0.5b-instruct.txt
 	bash scripts/bootstrap.sh $(VENV) $*
 	touch $@
 

@@ -305,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import llama_cpp
 
-    from engine.model_files import default_model_path
+    from engine.model_parts import GEMMA_3_270M, assemble
     from engine.truncate_gguf import truncate_gguf
 
-    full = args.model or default_model_path(Path("/tmp/pf-models"))
+    full = args.model or assemble(GEMMA_3_270M, Path("/tmp/pf-models"))  # the default drafter's model
     vocab = llama_cpp.Llama(model_path=str(full), vocab_only=True, verbose=False)
 
     def tokenize(text: str) -> list[int]:

@@ -31,7 +31,7 @@ from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md. Timing sections (overhead .. load) are written by another module
 # owner; they appear as soon as their module exists.
-SECTION_ORDER = ["retention", "recall", "head", "overhead", "resume", "ttft", "load", "faults"]
+SECTION_ORDER = ["retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults"]
 OUTPUT = ROOT / "BENCHMARKS.md"
 
 
@@ -82,7 +82,7 @@ def render_section(name: str, section: Section, command: str, seconds: float, lo
     when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     # The load average says whether other work shared the cores: timings depend on it.
     run_line = (f"_Produced by `{command}` on {when}; {machine_line()}; load average {load:.1f} when "
-                f"it started; section took {seconds:.0f} s._")
+                f"it started; section took {seconds:.0f} s. Model: {section.model}._")
     body = section.markdown.strip()
     return f"<!-- section: {name} -->\n## {section.title}\n\n{run_line}\n\n{body}\n"
 

@@ -253,7 +253,7 @@ def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int,
             {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat log"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": output},
     ]
-    common = ("--model", str(model), "--n-ctx", str(n_ctx), "--scorer", scorer)
+    common = ("--model", str(model), "--drafter", str(model), "--n-ctx", str(n_ctx), "--scorer", scorer)
     results: dict[str, tuple[float, httpx.Headers, int]] = {}
     for label, extra in (("compressed", ("--threshold", "16384")), ("full", ("--threshold", "1000000000"))):
         server = GatewayProcess(work / f"ttft-{label}-{uuid.uuid4().hex[:8]}", *common, *extra)

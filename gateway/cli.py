@@ -18,7 +18,7 @@ from gateway.config import Settings, SettingsError, load_settings
 log = logging.getLogger("pflash.cli")
 
 # Settings that make sense on every subcommand's line (the rest are for `serve`).
-_COMMON = ("store_dir", "model", "n_ctx", "chat_template")
+_COMMON = ("store_dir", "model", "drafter", "n_ctx", "chat_template")
 
 
 def _flag(name: str) -> str:
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     compress.add_argument("--json", action="store_true", help="print a JSON report")
     compress.add_argument("--config", type=Path, default=None)
     add_settings_flags(compress, [*_COMMON, "threshold", "scorer", "budget_curve", "min_segment",
-                                  "max_segment", "request_tokens", "fallback_spread", "drafter"])
+                                  "max_segment", "request_tokens", "fallback_spread"])
 
     doctor = sub.add_parser("doctor", help="check the model files, the store directory and the config")
     doctor.add_argument("--config", type=Path, default=None)
@@ -148,7 +148,7 @@ def _train_head(settings: Settings, args: argparse.Namespace) -> int:
 
     root = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ and ../shared/data
     try:
-        model = resolve_model(settings.drafter or settings.model, settings.store_dir / "models")
+        model = resolve_model(settings.drafter, settings.store_dir / "models")
     except ModelFileError as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2

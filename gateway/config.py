@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
 from policies.budget import parse_curve
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
@@ -54,9 +55,15 @@ class Settings(BaseSettings):
 
     # --- engine --------------------------------------------------------------------------------
     engine: Literal["llama", "upstream"] = Field("llama", description="Engine: in-process llama.cpp or an upstream server.")
-    model: str | None = Field(None, description="GGUF model path (default: the embedded Gemma 3 270M).")
+    model: str = Field(
+        DEFAULT_MODEL, description="Served model: a GGUF path, or an embedded model: qwen2.5-coder-0.5b-instruct "
+        "(default; instruction-tuned, answers chat and calls tools) or gemma-3-270m (a fast base model).",
+    )
     model_name: str = Field("pflash-local", description="Model id reported by /v1/models.")
-    drafter: str | None = Field(None, description="Drafter GGUF path (default: the target model file).")
+    drafter: str = Field(
+        DEFAULT_DRAFTER, description="Drafter of the drafter/fusion/head scorers: a GGUF path or an embedded model "
+        "(default: the small Gemma 3 270M). Any family works: units are scored as text, token ids never shared.",
+    )
     chat_template: Literal["gemma", "chatml", "llama3", "mistral"] | None = Field(
         None, description="Force a built-in chat template instead of the GGUF's own."
     )
@@ -82,7 +89,7 @@ class Settings(BaseSettings):
     upstream_n_ctx: int | None = Field(None, ge=256, description="Upstream context size (default: asked from the upstream).")
     tokenizer: str | None = Field(
         None, description="Token counting without a local target: a GGUF path (vocabulary only) or "
-        "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the embedded model's vocabulary.",
+        "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the vocabulary of --model.",
     )
 
     # --- sessions ------------------------------------------------------------------------------

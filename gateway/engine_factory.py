@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from engine.base import Engine
-from engine.model_files import file_sha256, resolve_model
+from engine.model_files import model_sha256, resolve_model
 from gateway.config import Settings
 
 log = logging.getLogger("pflash.engine")
@@ -18,7 +18,7 @@ def build_engine(settings: Settings) -> Engine:
     from engine.llama_engine import LlamaEngine, LlamaOptions
 
     model_path = resolve_model(settings.model, settings.store_dir / "models")
-    sha = file_sha256(model_path)
+    sha = model_sha256(model_path)  # an assembled embedded model: the sha256 stamped when it was verified
     log.info("model %s (sha256 %s)", model_path, sha[:12])
     options = LlamaOptions(
         model_path=model_path,
@@ -42,7 +42,8 @@ def build_engine(settings: Settings) -> Engine:
 
 def local_token_counter(settings: Settings) -> tuple[Callable[[str], int], str]:
     """Line-level token counts without the target in process: tiktoken files the user provides
-    (`tiktoken:<encoding>`, read from TIKTOKEN_CACHE_DIR), else a GGUF's vocabulary."""
+    (`tiktoken:<encoding>`, read from TIKTOKEN_CACHE_DIR), else a GGUF's vocabulary (by default
+    the served model's: --model names the local model closest to the upstream one)."""
     spec = settings.tokenizer
     if spec and spec.startswith("tiktoken:"):
         import tiktoken
@@ -51,7 +52,7 @@ def local_token_counter(settings: Settings) -> tuple[Callable[[str], int], str]:
         return (lambda text: len(encoding.encode(text, disallowed_special=()))), spec
     from engine.tokenizer import GgufTokenizer
 
-    path = resolve_model(spec, settings.store_dir / "models")
+    path = resolve_model(spec or settings.model, settings.store_dir / "models")
     return GgufTokenizer(path).count_tokens, f"the vocabulary of {path.name}"
 
 

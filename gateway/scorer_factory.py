@@ -42,14 +42,11 @@ def build_scorer(settings: Settings) -> Scorer:
         return Bm25Scorer()
     try:
         from engine.drafter import DrafterScorer, FusionScorer
-        from engine.model_files import default_model_path, resolve_model
+        from engine.model_files import resolve_model
 
-        models_dir = settings.store_dir / "models"
-        # The target's own file doubles as the drafter; an upstream engine has none: the embedded model.
-        if settings.drafter is not None or settings.engine == "llama":
-            path = resolve_model(settings.drafter or settings.model, models_dir)
-        else:
-            path = default_model_path(models_dir)
+        # The drafter needs nothing from the served model: units are scored as text, each model
+        # tokenizing with its own vocabulary, so token ids are never shared and any family fits.
+        path = resolve_model(settings.drafter, settings.store_dir / "models")
         if settings.scorer == "head":  # the learned head; it falls back to fusion, then bm25, itself
             return head_scorer_or_fallback(settings, path, n_threads=settings.n_threads,
                                            n_gpu_layers=settings.n_gpu_layers)

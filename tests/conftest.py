@@ -1,4 +1,10 @@
-"""Shared fixtures: the embedded model file and real gateway processes on 127.0.0.1."""
+"""Shared fixtures: the embedded model files and real gateway processes on 127.0.0.1.
+
+Two models, each named by its fixture: `model_path` is Gemma 3 270M Q4_K_M, the fast base model
+that almost every engine test serves (and the drafter everywhere); `instruct_model_path` is
+Qwen2.5-Coder-0.5B-Instruct Q4_K_M (about 2x the prefill cost), only for the few tests that need a
+real answer or a tool call the model itself produced (marked `instruct`).
+"""
 
 from __future__ import annotations
 
@@ -18,20 +24,37 @@ __all__ = ["ROOT", "Gateway", "free_port"]
 
 
 @pytest.fixture(scope="session")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.model_files import default_model_path
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
 
-    return default_model_path(tmp_path_factory.mktemp("models"))
+
+@pytest.fixture(scope="session")
+def model_path(models_dir: Path) -> Path:
+    """Gemma 3 270M Q4_K_M (base model, no chat tuning): the suite's fast model and drafter."""
+    from engine.model_parts import GEMMA_3_270M, assemble
+
+    return assemble(GEMMA_3_270M, models_dir)
+
+
+@pytest.fixture(scope="session")
+def instruct_model_path(models_dir: Path) -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the served default: real chat answers and tool calls."""
+    from engine.model_parts import QWEN_CODER_05B, assemble
+
+    return assemble(QWEN_CODER_05B, models_dir)
 
 
 class Gateway(GatewayProcess):
-    """A live gateway with the test defaults: small context, compression threshold lowered to 300."""
+    """A live gateway with the test defaults: small context, compression threshold lowered to 300,
+    the drafter given as a file (default: the served model's own file; Gemma in most tests)."""
 
-    def __init__(self, store: Path, model: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, store: Path, model: Path, *extra: str, env: dict[str, str] | None = None,
+                 drafter: Path | None = None) -> None:
         self.engine = extra[extra.index("--engine") + 1] if "--engine" in extra else "llama"
         self.proxy: RecordingProxy | None = None  # set when the upstream is behind a recording proxy
         super().__init__(
-            store, "--model", str(model), "--n-ctx", "4096", "--threshold", "300", "--min-segment", "8",
+            store, "--model", str(model), "--drafter", str(drafter or model), "--n-ctx", "4096",
+            "--threshold", "300", "--min-segment", "8",
             "--max-segment", "64", "--budget-curve", "300:0.3 100000:0.3", "--keepalive-seconds", "0.5",
             *extra, env=env,
         )

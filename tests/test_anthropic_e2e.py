@@ -1,4 +1,6 @@
-"""The official anthropic SDK against a live gateway on the real Gemma 3 270M engine."""
+"""The official anthropic SDK against a live gateway on the real Gemma 3 270M engine.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

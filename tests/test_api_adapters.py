@@ -1,5 +1,7 @@
 """The three wire adapters: request parsing, validation errors, and bodies/streams the official
-SDKs accept (the produced bytes are fed to the SDKs' own parsers through a mock transport)."""
+SDKs accept (the produced bytes are fed to the SDKs' own parsers through a mock transport).
+Model: none (no model is loaded).
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 The gateway runs with `--api-keys k1,k2 --admin-keys adm,adm2`: two ordinary tenants and two admin
 tenants (the second admin proves that the admin role does not cross tenants either).
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
 """
 
 from __future__ import annotations

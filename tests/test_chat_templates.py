@@ -535,3 +535,42 @@ def test_append_only_exceptions_really_are_exceptions() -> None:
         assert not chatml.render(tail + [joining], [], False).startswith(
             chatml.render(tail, [], False)
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The served default's own template, read from Qwen2.5-Coder-0.5B-Instruct's GGUF metadata
+# ---------------------------------------------------------------------------------------------
+
+
+def _gguf_metadata(path: object) -> dict[str, str]:
+    """The metadata the engine picks its template from (vocabulary only: no weights, ~1 s)."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(path), vocab_only=True, verbose=False).metadata
+
+
+def test_qwen_gguf_template_renders_tools_calls_and_results(instruct_model_path: object) -> None:
+    """Model: Qwen2.5-Coder-0.5B-Instruct (metadata only, no weights loaded)."""
+    template = select_template(_gguf_metadata(instruct_model_path))
+    assert (template.name, template.tool_format, template.native_tools) == ("gguf", "hermes", True)
+    assert template.stop_strings == ("<|im_end|>",) and template.eos_token == "<|im_end|>"
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    text = template.render(
+        [Message("system", "You are terse."), Message("user", "Weather in Paris?"),
+         Message("assistant", "", tool_calls=(call,)), Message("tool", '{"temp_c": 21}', tool_call_id="call_1")],
+        [WEATHER],
+    )
+    tools_line = json.dumps({"type": "function", "function": {
+        "name": "get_weather", "description": WEATHER.description, "parameters": WEATHER.parameters}})
+    assert text.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
+    assert f"<tools>\n{tools_line}\n</tools>" in text  # the spec itself, not HTML-escaped
+    assert text.endswith(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>\n"
+        '<|im_start|>user\n<tool_response>\n{"temp_c": 21}\n</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n"
+    )
+    plain = template.render([Message("user", "Say hi")], [])
+    assert plain == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                     "<|im_end|>\n<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n")

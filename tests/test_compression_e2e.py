@@ -1,4 +1,6 @@
-"""Compression of a new long tool output through the real engine (threshold lowered to 300)."""
+"""Compression of a new long tool output through the real engine (threshold lowered to 300).
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Settings: TOML < environment < flags; one clear line for invalid settings; the systemd unit."""
+"""Settings: TOML < environment < flags; one clear line for invalid settings; the systemd unit.
+Model: none (no model is loaded).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The drafter scorer, fusion, the feature cache and GGUF truncation, through the real model."""
+"""The drafter scorer, fusion, the feature cache and GGUF truncation, through the real model.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The learned relevance head (issue 9): file format, drafter check, training, serving end to end."""
+"""The learned relevance head (issue 9): file format, drafter check, training, serving end to end.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Request limits against a live gateway, each answered in the client's own API shape:
 per-key concurrency (429 + Retry-After), a full engine queue (503 + Retry-After), too many
-messages (400), a body over the size limit (413)."""
+messages (400), a body over the size limit (413).
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

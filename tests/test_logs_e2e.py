@@ -1,5 +1,7 @@
 """`--log-format json`: every line a JSON object, one `turn` line per request with the agreed
-fields, and never the prompt text (nor the client's raw session key) unless debug logging is on."""
+fields, and never the prompt text (nor the client's raw session key) unless debug logging is on.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""policies/ is the functional core: it imports no shell package and does no I/O."""
+"""policies/ is the functional core: it imports no shell package and does no I/O.
+Model: none (no model is loaded).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The θ recall gate through the real engine: omitted lines come back when a follow-up needs them."""
+"""The θ recall gate through the real engine: omitted lines come back when a follow-up needs them.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The drafter's per-unit features travel with the session: after a restart (a new scorer with an
-empty cache, the record read back from its persisted form) the recall gate reads only the question."""
+empty cache, the record read back from its persisted form) the recall gate reads only the question.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

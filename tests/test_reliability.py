@@ -10,6 +10,7 @@ by hand: more clients and turns, more kill -9 cycles and disconnects, ten times 
   failure is logged and counted); clients that vanish at random points of a request.
 - fuzz: hypothesis-generated bodies for the three APIs: never a 5xx, never a crash, never a file
   outside the store.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The official openai SDK's Responses API (what Codex CLI speaks) against a live gateway."""
+"""The official openai SDK's Responses API (what Codex CLI speaks) against a live gateway.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`pflash-gateway sessions ls|rm|gc` on the store directly, with no server running."""
+"""`pflash-gateway sessions ls|rm|gc` on the store directly, with no server running.
+Model: none (no model is loaded).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Sessions through the real engine: RAM and disk tiers, restart, corrupt store entries."""
+"""Sessions through the real engine: RAM and disk tiers, restart, corrupt store entries.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

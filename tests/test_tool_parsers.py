@@ -1,5 +1,5 @@
-"""Tool-call parsers on realistic model output, and the streaming wrapper's equivalence with
-whole-text parsing however the text is split."""
+"""Tool-call parsers on realistic model output (Qwen2.5's forms included), and the streaming
+wrapper's equivalence with whole-text parsing however the text is split. Pure: no model."""
 
 from __future__ import annotations
 
@@ -108,6 +108,104 @@ def test_hermes_rejects_non_calls(body: str) -> None:
 
 def test_hermes_missing_arguments_means_none() -> None:
     assert HermesParser().parse('<tool_call>{"name": "now"}</tool_call>') == ("", [("now", "{}")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen2.5 (read by the Hermes parser): every form its output takes
+# ---------------------------------------------------------------------------------------------
+
+QWEN_SAMPLES = [
+    # 0: what its own chat template asks for.
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    # 1: several tagged calls, one per line.
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    # 2: bare JSON, the whole output.
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    # 3: several bare objects, newline-separated, with surrounding whitespace.
+    '\n {"name": "a", "arguments": {"x": 1}}\n{"name": "b", "arguments": {}}\n',
+    # 4: a ```json fence, the whole output.
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+    # 5: prose, then a fence with an array of two calls, then prose.
+    'I will look it up.\n```json\n[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": 2}}]\n```\nDone.',
+    # 6: a fence cut short by the token limit.
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    # 7: two objects inside one tag.
+    '<tool_call>\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"q": "ü"}}\n</tool_call>',
+    # 8: a JSON answer that is not a call (no arguments key) stays text.
+    '{"name": "Paris", "population": 2102650}',
+    # 9: a ```json fence of ordinary data stays text.
+    'Here is the config:\n```json\n{"debug": true}\n```\n',
+    # 10: code fences of other languages stay text.
+    'Run:\n```python\nprint({"name": "x", "arguments": {}})\n```',
+    # 11: bare JSON after prose is prose (only a leading object is a call).
+    'The call would be {"name": "a", "arguments": {}} but I will not make it.',
+    # 12: a fence whose JSON is followed by more than the closing fence stays text.
+    '```json\n{"name": "a", "arguments": {}} trailing\n```',
+]
+
+
+@pytest.mark.parametrize(
+    ("index", "content", "calls"),
+    [
+        (0, "", [("get_weather", '{"city": "Paris"}')]),
+        (1, "", [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Oslo"}')]),
+        (2, "", [("get_weather", '{"city": "Paris"}')]),
+        (3, "", [("a", '{"x": 1}'), ("b", "{}")]),
+        (4, "", [("get_weather", '{"city": "Paris"}')]),
+        (5, "I will look it up.\n\nDone.", [("a", '{"x": 1}'), ("b", '{"y": 2}')]),
+        (6, "", [("get_weather", '{"city": "Paris"}')]),
+        (7, "", [("a", "{}"), ("b", '{"q": "ü"}')]),
+    ],
+)
+def test_qwen_forms_are_calls(index: int, content: str, calls: list[tuple[str, str]]) -> None:
+    assert HermesParser().parse(QWEN_SAMPLES[index]) == (content, calls)
+
+
+@pytest.mark.parametrize("text", QWEN_SAMPLES[8:])
+def test_qwen_look_alikes_are_text(text: str) -> None:
+    assert HermesParser().parse(text) == (text, [])
+
+
+def test_qwen_template_renders_calls_the_parser_reads() -> None:
+    """The exact text Qwen's own template writes for an assistant call parses back to that call."""
+    rendered = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
+    assert HermesParser().parse(rendered) == ("", [("get_weather", '{"city": "Paris", "days": [1, 2]}')])
+
+
+_QWEN_CALLS = st.builds(
+    lambda name, args: json.dumps({"name": name, "arguments": args}, ensure_ascii=False),
+    st.sampled_from(["get_weather", "read_file", "f"]),
+    st.dictionaries(st.sampled_from(["city", "path", "n"]),
+                    st.one_of(st.text(max_size=8), st.integers(-5, 5), st.booleans()), max_size=3),
+)
+
+
+@st.composite
+def _qwen_outputs(draw: st.DrawFn) -> tuple[str, int]:
+    """A Qwen2.5 output in one of its forms, and how many calls it holds."""
+    calls = draw(st.lists(_QWEN_CALLS, min_size=1, max_size=3))
+    form = draw(st.sampled_from(["tags", "bare", "fence", "fence-array"]))
+    prose = draw(st.sampled_from(["", "Let me check.\n", "Sure! "]))
+    if form == "tags":
+        return prose + "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls), len(calls)
+    if form == "bare":
+        return "\n".join(calls), len(calls)
+    body = "[" + ", ".join(calls) + "]" if form == "fence-array" else "\n".join(calls)
+    return f"{prose}```json\n{body}\n```", len(calls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(output=_qwen_outputs(), data=st.data())
+def test_qwen_forms_stream_like_whole_text_under_any_chunking(output: tuple[str, int], data: st.DataObject) -> None:
+    text, n_calls = output
+    content, calls = HermesParser().parse(text)
+    assert len(calls) == n_calls
+    assert all(isinstance(json.loads(arguments), dict) for _, arguments in calls)
+    assert "<tool_call>" not in content and "```" not in content
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    _assert_matches_parse(HermesParser(), text, chunks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +322,7 @@ def test_arguments_are_always_json_objects() -> None:
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 ALL_CASES = (
-    [(HermesParser, t) for t in HERMES_SAMPLES]
+    [(HermesParser, t) for t in HERMES_SAMPLES + QWEN_SAMPLES]
     + [(Llama3JsonParser, t) for t in LLAMA3_SAMPLES]
     + [(MistralParser, t) for t in MISTRAL_SAMPLES]
 )
@@ -271,7 +369,7 @@ def test_stream_equals_parse_at_every_pair_of_splits(parser_cls: type, text: str
 
 _FRAGMENTS = st.sampled_from(
     [
-        "<tool_call>", "</tool_call>", "<tool_", "<", "\n", " ", "{", "}", ";",
+        "<tool_call>", "</tool_call>", "<tool_", "<", "\n", " ", "{", "}", ";", "```json", "```", "``",
         '{"name": "f", "arguments": {"a": 1}}', '{"name": "g", "parameters": {}}',
         '"name"', "[TOOL_CALLS]", "[TOOL_", "[", "]", "[ARGS]", "h", "<|python_tag|>", "<|py",
         '[{"name": "m", "arguments": {}}]', "ü", "text",

@@ -1,4 +1,6 @@
-"""engine = "upstream": the gateway in front of llama-cpp-python's own OpenAI server."""
+"""engine = "upstream": the gateway in front of llama-cpp-python's own OpenAI server.
+Model: Gemma 3 270M Q4_K_M, the fast base model (fixture `model_path`).
+"""
 
 from __future__ import annotations
 

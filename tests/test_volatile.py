@@ -1,4 +1,6 @@
-"""policies.volatile: per-request values removed from system prompts, nothing else touched."""
+"""policies.volatile: per-request values removed from system prompts, nothing else touched.
+Model: none (no model is loaded).
+"""
 
 from __future__ import annotations
 
