@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt
 from engine.scorers import Scorer, feature_store_of
@@ -38,7 +39,8 @@ class Turn:
     compression: CompressionReport | None = None
     recall: RecallReport | None = None
     restored_from: str | None = None  # known once prefill is done (non-stream headers carry it)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # from prepare(): compression time counts
+    first_output: float | None = None  # when the first text or tool-call event came
 
     def headers(self) -> dict[str, str]:
         out = {"X-PFlash-Session": self.identity.session_id[:16]}
@@ -77,13 +79,14 @@ class TurnService:
 
     async def prepare(self, conv: Conversation, tenant: str, check_overflow: bool = True) -> Turn:
         """`check_overflow=False` for counting only (count_tokens must report a size, not refuse it)."""
+        started = time.perf_counter()
         identity = resolve_session(conv, tenant)
         record = self.registry.get_or_create(identity.session_id, tenant, identity.source)
         messages, report, recall = await self.rewrite(conv.messages, record)
         prompt = await self.engine.prepare(messages, conv.tools)
         if check_overflow and prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
-        return Turn(identity, record, conv, prompt, report, recall)
+        return Turn(identity, record, conv, prompt, report, recall, started=started)
 
     async def rewrite(
         self, messages: Sequence[Message], record: SessionRecord
@@ -178,6 +181,8 @@ class TurnService:
         text: list[str] = []
         calls: list[ToolCall] = []
         async for event in events:
+            if isinstance(event, (TextDelta, ToolCallDelta)) and turn.first_output is None:
+                turn.first_output = time.perf_counter()
             if isinstance(event, TextDelta):
                 text.append(event.text)
             elif isinstance(event, ToolCallDelta):
@@ -200,8 +205,39 @@ class TurnService:
         record.count("prompt_tokens", finished.usage.prompt_tokens)
         record.count("cached_tokens", finished.usage.cached_tokens)
         record.count("completion_tokens", finished.usage.completion_tokens)
+        if turn.identity.source != "prefix":
+            record.client_key = turn.identity.key
+        record.log_turn(turn_log_entry(turn, finished))
         if turn.restored_from != "upstream":  # an upstream keeps its own KV; nothing is local
             self.registry.note_context(record.session_id, finished.usage.prompt_tokens + finished.usage.completion_tokens)
+
+
+def turn_log_entry(turn: Turn, finished: Finished) -> dict[str, Any]:
+    """What the status page shows of one turn: plain types only (persisted with the record).
+    Kept ranges and recalled lines are not copied: the kept-line map and recall log hold them."""
+    usage = finished.usage
+    first = turn.first_output if turn.first_output is not None else time.perf_counter()
+    entry: dict[str, Any] = {
+        "at": time.time(),
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "evaluated_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "ttft_ms": round((first - turn.started) * 1000, 1),
+        "restored_from": turn.restored_from,
+        "finish": finished.finish_reason,
+    }
+    if turn.compression is not None:
+        c = turn.compression
+        entry["compression"] = {"compressed": c.compressed, "reason": c.reason, "scorer": c.scorer,
+                                "original_tokens": c.original_tokens, "kept_tokens": c.kept_tokens,
+                                "scorer_ms": round(c.scorer_seconds * 1000, 1), "message": c.source_hash,
+                                "lines": c.lines}
+    if turn.recall is not None:
+        r = turn.recall
+        entry["recall"] = {"fired": r.fired, "reason": r.reason, "added_tokens": r.added_tokens,
+                           "ms": round(r.seconds * 1000, 1), "turn": r.turn_hash}
+    return entry
 
 
 def _source_label(messages: Sequence[Message], index: int) -> str:

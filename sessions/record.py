@@ -8,6 +8,8 @@ from typing import Any
 
 from policies.kept_lines import KeptLineMap
 
+TURN_LOG_LIMIT = 100  # turns kept per session for the status page (oldest dropped first)
+
 
 @dataclass
 class RecallEntry:
@@ -42,6 +44,13 @@ class SessionRecord:
     # The drafter's per-unit features of this session's compressed messages (by unit-text sha256):
     # kept and persisted with the session so a follow-up's recall gate reads only the new question.
     unit_features: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    client_key: str = ""  # the client's own session name (e.g. its X-Session-Id); "" when derived
+    # What each recent turn did (tokens, timings, compression, recall): small plain dicts, bounded.
+    turn_log: list[dict[str, Any]] = field(default_factory=list)
+
+    def log_turn(self, entry: dict[str, Any]) -> None:
+        self.turn_log.append(entry)
+        del self.turn_log[:-TURN_LOG_LIMIT]
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -63,6 +72,8 @@ class SessionRecord:
             "counters": dict(self.counters),
             "transcript": list(self.transcript),
             "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
+            "client_key": self.client_key,
+            "turn_log": [dict(e) for e in self.turn_log],
         }
 
     @classmethod
@@ -80,4 +91,6 @@ class SessionRecord:
             counters={str(k): int(v) for k, v in data.get("counters", {}).items()},
             transcript=[{"role": str(m["role"]), "content": str(m["content"])} for m in data.get("transcript", [])],
             unit_features={str(k): (bytes(raw), int(n)) for k, (raw, n) in data.get("unit_features", {}).items()},
+            client_key=str(data.get("client_key", "")),
+            turn_log=[dict(e) for e in data.get("turn_log", []) if isinstance(e, dict)][-TURN_LOG_LIMIT:],
         )

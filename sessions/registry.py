@@ -70,6 +70,11 @@ class SessionRegistry:
                 return None
             return record
 
+    def loaded(self, session_id: str) -> SessionRecord | None:
+        """The record if it is in memory (no disk read): for listings that must stay cheap."""
+        with self._lock:
+            return self._records.get(session_id)
+
     def delete(self, session_id: str) -> None:
         with self._lock:
             self._records.pop(session_id, None)
