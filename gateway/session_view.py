@@ -70,9 +70,10 @@ def compressed_view(record: SessionRecord) -> list[dict[str, Any]]:
 
 
 def _recalled(record: SessionRecord, key: str, hashes: list[str]) -> list[tuple[Range, int | None, int | None]]:
-    """This message's recalled units, each with where its excerpt sits in the transcript."""
+    """This message's recalled lines as the model read them: each excerpt (adjacent units merged),
+    with where it sits in the transcript; units whose excerpt is not at hand, as they are."""
     label = record.map_labels.get(key, _UNKNOWN_SOURCE)
-    out: list[tuple[Range, int | None, int | None]] = []
+    out: set[tuple[Range, int | None, int | None]] = set()
     for entry in record.recall_log:
         mine = [(a, b) for h, a, b in entry.units if h == key]
         if not mine:
@@ -83,9 +84,9 @@ def _recalled(record: SessionRecord, key: str, hashes: list[str]) -> list[tuple[
         for first, last in mine:
             block = next((e for e in blocks if e.first <= first and last <= e.last), None)
             if at is None or block is None:
-                out.append(((first, last), None, None))
+                out.add(((first, last), None, None))
             else:
-                out.append(((first, last), at, block.header_line + 1 + first - block.first))
+                out.add(((block.first, block.last), at, block.header_line + 1))
     return sorted(out, key=lambda r: r[0])
 
 

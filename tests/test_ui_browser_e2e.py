@@ -5,7 +5,9 @@ CI installs chromium (.ci/run); Playwright never downloads a browser of its own 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -143,6 +145,8 @@ def test_strip_matches_the_transcript_and_marks_the_recall(gateway: Gateway, bro
     page.screenshot(path=str(path), full_page=True)
     print(f"status page screenshot: {path} ({time.perf_counter() - started:.1f}s in the browser)")
     assert path.stat().st_size > 10_000
+    if os.environ.get("PFLASH_UI_SCREENSHOT"):  # how docs/ui.png is made
+        shutil.copy(path, os.environ["PFLASH_UI_SCREENSHOT"])
     assert browser.dialogs == [] and browser.errors == []
 
 

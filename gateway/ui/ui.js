@@ -142,14 +142,20 @@
     if (!c) return "";
     if (!c.compressed) return "served whole (" + c.reason + ")";
     const kept = c.kept_ranges.map(([a, b]) => span(a, b)).join(", ");
-    return num(c.original_tokens) + " → " + num(c.kept_tokens) + " tokens · " + c.scorer + " " + c.scorer_ms
-      + " ms · kept " + kept;
+    return num(c.original_tokens) + " → " + num(c.kept_tokens) + " tokens served · " + c.scorer + " "
+      + c.scorer_ms + " ms · kept " + kept;
   }
 
   function recallText(r) {
     if (!r) return "";
     if (!r.fired) return "not fired (" + r.reason + ")";
-    const units = r.units.map((u) => span(u.first, u.last) + " of " + u.label).join("; ");
+    const merged = [];
+    for (const u of r.units) { // adjacent units of one message read as one excerpt
+      const prev = merged[merged.length - 1];
+      if (prev && prev.message === u.message && prev.last + 1 === u.first) prev.last = u.last;
+      else merged.push({ ...u });
+    }
+    const units = merged.map((u) => span(u.first, u.last) + " of " + u.label).join("; ");
     return "+" + num(r.added_tokens) + " tokens · " + units;
   }
 
@@ -176,8 +182,9 @@
   function renderStrip(message) {
     const figure = el("figure", "strip-box");
     const caption = el("figcaption", "", message.label);
-    caption.append(el("div", "muted", num(message.lines) + " lines · " + num(message.original_tokens) + " → "
-      + num(message.kept_tokens) + " tokens"));
+    const kept = message.kept_ranges.reduce((n, [a, b]) => n + b - a + 1, 0);
+    caption.append(el("div", "muted", num(kept) + " of " + num(message.lines) + " lines kept, holding "
+      + num(message.kept_tokens) + " of " + num(message.original_tokens) + " tokens"));
     const strip = el("div", "strip");
     strip.dataset.message = message.message;
     for (const band of message.bands) {
