@@ -176,6 +176,7 @@ def test_hostile_content_renders_as_text(gateway: Gateway, browser: Browser) -> 
 
 
 def test_keys_keep_tenants_apart_in_the_browser(start_gateway, browser: Browser) -> None:  # type: ignore[no-untyped-def]
+    # Waits are on selectors: the page's CSP forbids eval, which Playwright's polled predicates use.
     server = start_gateway("--api-keys", "key-a,key-b,key-c", "--admin-keys", "key-a,key-b")
     name = "a-private-" + uuid.uuid4().hex[:8]
     reply = httpx.post(server.url + "/v1/chat/completions", timeout=120,
@@ -199,15 +200,15 @@ def test_keys_keep_tenants_apart_in_the_browser(start_gateway, browser: Browser)
 
     sign_in("not-a-key")
     page.wait_for_selector("#key-form:not([hidden])")
-    page.wait_for_function("document.getElementById('status').textContent.includes('refused')")
+    page.wait_for_selector("#status:has-text('refused')")
     sign_in("key-b")
     page.wait_for_selector("#main:not([hidden])")
-    page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')")
+    page.wait_for_selector("#status:has-text('updated')")
     assert page.locator(f'#sessions tbody tr[data-id="{a_session}"]').count() == 0
     assert name not in (page.content())
     for target in (a_session, name):  # neither by hash nor by the client's name
         page.goto(f"{server.url}/ui#session={target}")
-        page.wait_for_function("document.getElementById('status').textContent.includes('no such session')")
+        page.wait_for_selector("#status:has-text('no such session')")
         assert page.is_hidden("#session") and "Name a tree." not in page.content()
         page.evaluate("document.getElementById('status').textContent = ''")
     assert page.evaluate("sessionStorage.getItem('pflash-admin-key')") == "key-b"
