@@ -7,69 +7,53 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.recall import render_excerpts
-from policies.rendering import omitted_ranges, render_compressed, split_lines
-from policies.strip import excerpts, note_total_lines, strip_bands
+from policies.rendering import omitted_ranges, render_compressed
+from policies.strip import Band, excerpts, note_total_lines, strip_bands
 from sessions.record import TURN_LOG_LIMIT, SessionRecord
+from tests.test_policies_rendering import rendering_cases
 
 
-@st.composite
-def cut(draw: st.DrawFn) -> tuple[list[str], tuple[tuple[int, int], ...], bool]:
-    n = draw(st.integers(1, 60))
-    crlf = draw(st.booleans())
-    lines = [f"line {i} <b>&amp;</b>" + ("\r\n" if crlf else "\n") for i in range(n)]
-    if draw(st.booleans()):
-        lines[-1] = lines[-1].rstrip("\r\n")  # no final terminator
-    flags = draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    ranges: list[tuple[int, int]] = []
-    for i, keep in enumerate(flags):
-        if keep:
-            if ranges and ranges[-1][1] == i - 1:
-                ranges[-1] = (ranges[-1][0], i)
-            else:
-                ranges.append((i, i))
-    return lines, tuple(ranges), crlf
+Case = tuple[list[str], tuple[tuple[int, int], ...], int, int]
 
 
-@given(cut())
-def test_kept_bands_point_at_their_lines_in_the_served_message(case: tuple[list[str], tuple[tuple[int, int], ...], bool]) -> None:
-    lines, kept, _ = case
-    served = render_compressed(lines, kept, 999, 99).split("\n")
+def assert_bands_show_their_lines(bands: list[Band], lines: list[str], texts: dict[int, list[str]]) -> None:
+    """Every band that points into a served text finds exactly its original lines there."""
+    for band in bands:
+        if band.served_in is None:
+            continue
+        assert band.served_line is not None
+        shown = texts[band.served_in][band.served_line : band.served_line + band.last - band.first + 1]
+        assert shown == [line.removesuffix("\n") for line in lines[band.first : band.last + 1]]
+
+
+@given(rendering_cases())
+def test_kept_bands_point_at_their_lines_in_the_served_message(case: Case) -> None:
+    lines, kept, total, kept_tokens = case
+    served = render_compressed(lines, kept, total, kept_tokens).split("\n")
     assert note_total_lines(served[0]) == len(lines)
     bands = strip_bands(kept, [], len(lines), served_in=3)
     assert [(b.first, b.last) for b in bands if b.kept] == list(kept)
     assert [(b.first, b.last) for b in bands if not b.kept] == list(omitted_ranges(kept, len(lines)))
     assert bands[0].first == 0 and bands[-1].last == len(lines) - 1
     assert all(a.last + 1 == b.first for a, b in zip(bands, bands[1:]))
-    for band in bands:
-        if band.kept:
-            assert band.served_in == 3 and band.served_line is not None
-            shown = served[band.served_line : band.served_line + band.last - band.first + 1]
-            assert shown == [line.rstrip("\n") for line in lines[band.first : band.last + 1]]
-        else:
-            assert band.served_in is None and band.served_line is None and not band.recalled
+    assert all((b.served_in == 3) == b.kept and not b.recalled for b in bands)
+    assert_bands_show_their_lines(bands, lines, {3: served})
 
 
-@given(cut(), st.data())
-def test_recalled_excerpts_are_found_and_marked(case: tuple[list[str], tuple[tuple[int, int], ...], bool], data: st.DataObject) -> None:
-    lines, kept, _ = case
+@given(rendering_cases(), st.data())
+def test_recalled_excerpts_are_found_and_marked(case: Case, data: st.DataObject) -> None:
+    lines, kept, _total, _kept_tokens = case
     gaps = list(omitted_ranges(kept, len(lines)))
-    chosen = data.draw(st.lists(st.sampled_from(gaps), unique=True)) if gaps else []
-    chosen.sort()
+    chosen = sorted(data.draw(st.lists(st.sampled_from(gaps), unique=True))) if gaps else []
     label = "the output of read_file(call_1)"
     turn = render_excerpts(lines, chosen, label) + "\nWhat about it?"
     found = excerpts(turn)
     assert [(e.first, e.last, e.label) for e in found] == [(a, b, label) for a, b in chosen]
-    rendered = turn.split("\n")
     recalled = [((e.first, e.last), 7, e.header_line + 1) for e in found]
-    bands = strip_bands(kept, recalled, len(lines), served_in=None)
+    bands = strip_bands(kept, recalled, len(lines), served_in=None)  # the compressed message not at hand
     assert [(b.first, b.last) for b in bands if b.recalled] == chosen
-    for band in bands:
-        if band.recalled:
-            assert band.served_in == 7 and band.served_line is not None
-            shown = rendered[band.served_line : band.served_line + band.last - band.first + 1]
-            assert shown == [line.rstrip("\n") for line in lines[band.first : band.last + 1]]
-        else:
-            assert band.served_in is None  # kept lines, but the served message is not at hand
+    assert all((b.served_in == 7) == b.recalled for b in bands)
+    assert_bands_show_their_lines(bands, lines, {7: turn.split("\n")})
 
 
 def test_note_and_excerpt_parsers_ignore_other_text() -> None:

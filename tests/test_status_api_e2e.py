@@ -143,3 +143,21 @@ def test_the_shell_is_static_with_a_strict_policy(gateway: Gateway, path: str) -
 @pytest.mark.parametrize("path", ["/ui/missing.js", "/ui/..%2fapp.py", "/ui/index.htm"])
 def test_only_the_shipped_files_are_served(gateway: Gateway, path: str) -> None:
     assert httpx.get(gateway.url + path, timeout=30).status_code == 404
+
+
+def test_turn_log_survives_a_restart_and_counts_the_resume(start_gateway, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    name = "restart-ui-" + uuid.uuid4().hex[:8]
+    messages = [{"role": "system", "content": "You are terse. " * 20}, {"role": "user", "content": "Name a tree."}]
+    server = start_gateway(store=tmp_path / "store")
+    first = post(server, name, messages, max_tokens=2)
+    assert server.stop() == 0
+
+    resumed = start_gateway(store=tmp_path / "store")
+    before = httpx.get(f"{resumed.url}/v1/sessions/{name}", timeout=30).json()
+    assert before["client_key"] == name and len(before["turn_log"]) == 1  # read back from the store
+    follow = [*messages, {"role": "assistant", "content": reply_text(first)}, {"role": "user", "content": "Another?"}]
+    post(resumed, name, follow, max_tokens=2)
+    after = httpx.get(f"{resumed.url}/v1/sessions/{name}", timeout=30).json()
+    assert [t["restored_from"] for t in after["turn_log"]] == ["none", "disk"]
+    assert after["turn_log"][1]["cached_tokens"] >= first.json()["usage"]["prompt_tokens"] - 1
+    assert httpx.get(resumed.url + "/v1/overview", timeout=30).json()["totals"]["resumes_from_disk"] == 1
