@@ -28,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gateway.state import APP_STATE, AppState
+from gateway.ui import is_ui_path
 
 log = logging.getLogger("pflash.metrics")
 
@@ -58,7 +59,7 @@ def api_label(path: str) -> str:
         return _ROUTE_API[path]
     if path in ("/v1/sessions", "/v1/overview") or path.startswith("/v1/sessions/"):
         return "admin"
-    if path == "/ui" or path.startswith("/ui/"):
+    if is_ui_path(path):
         return "ui"
     return "other"
 
