@@ -1,18 +1,24 @@
-"""Session admin endpoints, always scoped to the caller's tenant."""
+"""Session admin endpoints and the status page's overview, always scoped to the caller's tenant."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import asdict
+from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import ApiError
-from gateway.state import APP_STATE, IS_ADMIN, TENANT
+from gateway.metrics import scorer_name, snapshot
+from gateway.session_view import compressed_view, turns_view
+from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from sessions.identity import session_hash
 from sessions.record import SessionRecord
+from sessions.registry import SessionInfo
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+_MIB = 1024 * 1024
 
 
 def _require_admin(request: web.Request) -> str:
@@ -36,21 +42,24 @@ async def _lookup(request: web.Request) -> SessionRecord:
 
 async def list_sessions(request: web.Request) -> web.Response:
     tenant = _require_admin(request)
-    infos = request.app[APP_STATE].registry.list(tenant)
-    return web.json_response({"object": "list", "data": [_public(asdict(i)) for i in infos]})
+    registry = request.app[APP_STATE].registry
+    data = [_public(info, registry.loaded(info.session_id)) for info in registry.list(tenant)]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def get_session(request: web.Request) -> web.Response:
     record = await _lookup(request)
     registry = request.app[APP_STATE].registry
     info = next((i for i in registry.list(record.tenant) if i.session_id == record.session_id), None)
-    body = _public(asdict(info)) if info else {"session_id": record.session_id}
+    body = _public(info, record) if info else {"id": record.session_id, "session_id": record.session_id}
     body.update(
         messages=len(record.served_hashes),
         compressed_messages=len(record.kept_maps),
         recalls=len(record.recall_log),
         counters=dict(record.counters),
         key_source=record.key_source,
+        turn_log=turns_view(record),
+        compressed=compressed_view(record),
     )
     return web.json_response(body)
 
@@ -66,14 +75,57 @@ async def transcript(request: web.Request) -> web.Response:
     return web.json_response({"session_id": record.session_id, "messages": list(record.transcript)})
 
 
-def _public(info: dict[str, object]) -> dict[str, object]:
-    info = dict(info)
-    info.pop("tenant", None)
-    info["id"] = info["session_id"]
-    return info
+async def overview(request: web.Request) -> web.Response:
+    """The status page's header: the same numbers /metrics reads (engine, registry, turn service)."""
+    _require_admin(request)
+    state = request.app[APP_STATE]
+    return web.json_response(await asyncio.to_thread(_overview, state))
+
+
+def _overview(state: AppState) -> dict[str, Any]:
+    stats = snapshot(state)
+    engine, sessions, turns = stats.engine, stats.sessions, stats.turns
+    reused, evaluated = stats.prefill_tokens("reused"), stats.prefill_tokens("evaluated")
+    return {
+        "engine": state.settings.engine,
+        "model": state.engine.model_id,
+        "n_ctx": state.engine.n_ctx,
+        "scorer": scorer_name(state),
+        "queue_depth": int(engine.get("queue_depth", 0)),
+        "tiers": {
+            "context": {"sessions": int(sessions.get("sessions_context", 0))},
+            "ram": {"sessions": int(sessions.get("sessions_ram", 0)), "used_bytes": int(sessions.get("ram_bytes", 0)),
+                    "budget_bytes": state.settings.ram_budget_mb * _MIB},
+            "disk": {"sessions": int(sessions.get("sessions_disk", 0)), "used_bytes": int(sessions.get("disk_bytes", 0)),
+                     "budget_bytes": state.settings.disk_budget_mb * _MIB},
+        },
+        "totals": {
+            "prompt_tokens": int(reused + evaluated),
+            "reused_tokens": int(reused),
+            "evaluated_tokens": int(evaluated),
+            "completion_tokens": int(engine.get("completion_tokens", 0)),
+            "saved_by_compression": int(turns.get("compression_tokens_in", 0) - turns.get("compression_tokens_out", 0)),
+            "compressions": int(turns.get("compressions", 0)),
+            "recalls": int(turns.get("recalls", 0)),
+            "resumes_from_ram": int(engine.get("restores_ram", 0)),
+            "resumes_from_disk": int(engine.get("restores_disk", 0)),
+        },
+    }
+
+
+def _public(info: SessionInfo, record: SessionRecord | None) -> dict[str, Any]:
+    """A listing row: never the tenant; the client's own session name and turns when in memory."""
+    row: dict[str, Any] = asdict(info)
+    row.pop("tenant", None)
+    row["id"] = info.session_id
+    if record is not None:
+        row["client_key"] = record.client_key or None
+        row["turns"] = record.counters.get("turns", 0)
+    return row
 
 
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/overview", overview)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_get("/v1/sessions/{session_id}", get_session)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)

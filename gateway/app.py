@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
-from gateway import admin
+from gateway import admin, ui
 from gateway.api import chat as chat_api
 from gateway.api import chat_output, messages_output, responses_output
 from gateway.api import messages as messages_api
@@ -122,7 +122,7 @@ def auth_middleware(settings: Settings) -> Any:
             request[TENANT] = ""
             request[IS_ADMIN] = True
             return await handler(request)
-        if request.path in _OPEN_PATHS:
+        if request.path in _OPEN_PATHS or ui.is_ui_path(request.path):  # the page's shell holds no data
             return await handler(request)
         given = request_key(request)
         match = next((k for k in keys if given is not None and hmac.compare_digest(k.encode(), given.encode())), None)
@@ -265,4 +265,5 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_post("/v1/responses", responses)
     admin.add_routes(app)
+    ui.add_routes(app)
     return app

@@ -45,6 +45,8 @@ class CompressionReport:
     kept_tokens: int  # tokens of the rewritten message as served (note and markers included)
     scorer_seconds: float
     total_seconds: float
+    source_hash: str = ""  # content hash of the original message (its kept-line map's key)
+    lines: int = 0  # lines of the original message
 
 
 class MessageCompressor:
@@ -101,5 +103,5 @@ class MessageCompressor:
         )
         served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
         report = CompressionReport(plan.compressed, plan.reason, self.scorer.name, tokens, served_tokens,
-                                   scorer_seconds, time.perf_counter() - started)
+                                   scorer_seconds, time.perf_counter() - started, content_hash(text), len(lines))
         return plan, report

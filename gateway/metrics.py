@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gateway.state import APP_STATE, AppState
+from gateway.ui import is_ui_path
 
 log = logging.getLogger("pflash.metrics")
 
@@ -55,8 +57,10 @@ def api_label(path: str) -> str:
     """A fixed API name for a path: never the raw path (ids in paths would explode cardinality)."""
     if path in _ROUTE_API:
         return _ROUTE_API[path]
-    if path == "/v1/sessions" or path.startswith("/v1/sessions/"):
+    if path in ("/v1/sessions", "/v1/overview") or path.startswith("/v1/sessions/"):
         return "admin"
+    if is_ui_path(path):
+        return "ui"
     return "other"
 
 
@@ -147,21 +151,39 @@ class StatsCollector(Collector):
         state = self._state()
         if state is None:  # still loading the model
             return
-        stats = getattr(state.engine, "stats", None)
-        engine = _numbers(stats() if callable(stats) else {})
-        sessions = _numbers(state.registry.stats())
-        turns = _numbers(dict(getattr(state.turns, "counters", {})))
-        scorer = _scorer_name(state)
-        yield from _engine_metrics(engine, turns)
-        yield from _session_metrics(sessions)
-        yield from _turn_metrics(turns, scorer)
+        stats = snapshot(state)
+        yield from _engine_metrics(stats)
+        yield from _session_metrics(stats.sessions)
+        yield from _turn_metrics(stats.turns, scorer_name(state))
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """The numbers of the engine, the session registry (+ store) and the turn service, read once."""
+
+    engine: dict[str, float]
+    sessions: dict[str, float]
+    turns: dict[str, float]
+
+    def prefill_tokens(self, kind: str) -> float:
+        """`kind` "evaluated" or "reused": the engine counts every job; engines without the key
+        fall back to the turn service's count."""
+        key = f"prefill_tokens_{kind}"
+        return self.engine.get(key, self.turns.get(key, 0.0))
+
+
+def snapshot(state: AppState) -> StatsSnapshot:
+    """Blocking (the registry's lock can be held by a store write): call it off the event loop."""
+    stats = getattr(state.engine, "stats", None)
+    return StatsSnapshot(_numbers(stats() if callable(stats) else {}), _numbers(state.registry.stats()),
+                         _numbers(dict(getattr(state.turns, "counters", {}))))
 
 
 def _numbers(stats: Mapping[str, Any]) -> dict[str, float]:
     return {str(k): float(v) for k, v in stats.items() if isinstance(v, (int, float))}
 
 
-def _scorer_name(state: AppState) -> str:
+def scorer_name(state: AppState) -> str:
     scorer = getattr(getattr(state.turns, "compressor", None), "scorer", None)
     return str(getattr(scorer, "name", None) or state.settings.scorer)
 
@@ -170,13 +192,12 @@ def _counter(name: str, doc: str, value: float | None = None, labels: list[str] 
     return CounterMetricFamily(name, doc, value=value, labels=labels)
 
 
-def _engine_metrics(engine: dict[str, float], turns: dict[str, float]) -> Iterator[Metric]:
-    # The engine counts prefill for every job; engines without those keys fall back to the turns'.
+def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
+    engine = stats.engine
     prefill = _counter("pflash_prefill_tokens", "Prompt tokens prefilled (evaluated) or reused from the KV cache.",
                        labels=["kind"])
     for kind in ("evaluated", "reused"):
-        key = f"prefill_tokens_{kind}"
-        prefill.add_metric([kind], engine.get(key, turns.get(key, 0.0)))
+        prefill.add_metric([kind], stats.prefill_tokens(kind))
     yield prefill
     if "completion_tokens" in engine:
         yield _counter("pflash_completion_tokens", "Tokens generated.", engine["completion_tokens"])

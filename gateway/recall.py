@@ -27,6 +27,7 @@ class RecallReport:
     omitted_share: float
     added_tokens: int
     seconds: float
+    turn_hash: str = ""  # when fired: the recall log entry this turn added
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,12 @@ class RecallGate:
         excerpts = "".join(b if b.endswith("\n") else b + "\n" for b in blocks)
         rendered = excerpts + "\n" + question.content
         units = tuple((candidates[i].source_hash, candidates[i].first, candidates[i].last) for i in decision.units)
-        record.add_recall(RecallEntry(turn_key(index, question.content), rendered, units))
+        key = turn_key(index, question.content)
+        record.add_recall(RecallEntry(key, rendered, units))
         added = self.compressor.count_tokens(rendered) - self.compressor.count_tokens(question.content)
         log.info("recall: %d units (%d tokens), omitted share %.3f", len(units), added, decision.omitted_share)
         return Message(question.role, rendered), RecallReport(True, decision.reason, decision.omitted_share,
-                                                              added, elapsed)
+                                                              added, elapsed, key)
 
     def _candidates(self, messages: Sequence[Message], record: SessionRecord) -> list[_Candidate]:
         """Every unit of every compressed message in this conversation, kept or omitted."""

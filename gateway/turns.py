@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.constraints import ConstraintError, output_constraint
@@ -40,7 +41,8 @@ class Turn:
     compression: CompressionReport | None = None
     recall: RecallReport | None = None
     restored_from: str | None = None  # known once prefill is done (non-stream headers carry it)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # from prepare(): compression time counts
+    first_output: float | None = None  # when the first text or tool-call event came
 
     def headers(self) -> dict[str, str]:
         out = {"X-PFlash-Session": self.identity.session_id[:16]}
@@ -78,6 +80,7 @@ class TurnService:
         self.counters[name] = self.counters.get(name, 0) + amount
 
     async def prepare(self, conv: Conversation, tenant: str) -> Turn:
+        started = time.perf_counter()
         identity = resolve_session(conv, tenant)
         record = await self.registry.get_or_create(identity.session_id, tenant, identity.source)
         await self._refuse_hopeless_overflow(conv, record)
@@ -85,7 +88,7 @@ class TurnService:
         prompt = await self._prepare_prompt(messages, conv)
         if prompt.n_tokens >= self.engine.n_ctx:
             raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
-        return Turn(identity, record, conv, prompt, report, recall)
+        return Turn(identity, record, conv, prompt, report, recall, started=started)
 
     async def count(self, conv: Conversation, tenant: str) -> int:
         """The prompt's size as the model would read it, for count_tokens: history as served,
@@ -213,6 +216,8 @@ class TurnService:
         text: list[str] = []
         calls: list[ToolCall] = []
         async for event in events:
+            if isinstance(event, (TextDelta, ToolCallDelta)) and turn.first_output is None:
+                turn.first_output = time.perf_counter()
             if isinstance(event, TextDelta):
                 text.append(event.text)
             elif isinstance(event, ToolCallDelta):
@@ -236,7 +241,37 @@ class TurnService:
             [{"role": m.role, "content": m.content} for m in turn.prompt.messages],
             [("turns", 1), ("prompt_tokens", usage.prompt_tokens), ("cached_tokens", usage.cached_tokens),
              ("completion_tokens", usage.completion_tokens)],
+            turn_log_entry(turn, finished),
+            turn.identity.key if turn.identity.source != "prefix" else None,
         )
+
+
+def turn_log_entry(turn: Turn, finished: Finished) -> dict[str, Any]:
+    """What the status page shows of one turn: plain types only (persisted with the record).
+    Kept ranges and recalled lines are not copied: the kept-line map and recall log hold them."""
+    usage = finished.usage
+    first = turn.first_output if turn.first_output is not None else time.perf_counter()
+    entry: dict[str, Any] = {
+        "at": time.time(),
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "evaluated_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "ttft_ms": round((first - turn.started) * 1000, 1),
+        "restored_from": turn.restored_from,
+        "finish": finished.finish_reason,
+    }
+    if turn.compression is not None:
+        c = turn.compression
+        entry["compression"] = {"compressed": c.compressed, "reason": c.reason, "scorer": c.scorer,
+                                "original_tokens": c.original_tokens, "kept_tokens": c.kept_tokens,
+                                "scorer_ms": round(c.scorer_seconds * 1000, 1), "message": c.source_hash,
+                                "lines": c.lines}
+    if turn.recall is not None:
+        r = turn.recall
+        entry["recall"] = {"fired": r.fired, "reason": r.reason, "added_tokens": r.added_tokens,
+                           "ms": round(r.seconds * 1000, 1), "turn": r.turn_hash}
+    return entry
 
 
 def _source_label(messages: Sequence[Message], index: int) -> str:

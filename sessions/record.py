@@ -16,6 +16,8 @@ from typing import Any
 
 from policies.kept_lines import KeptLineMap
 
+TURN_LOG_LIMIT = 100  # turns kept per session for the status page (oldest dropped first)
+
 
 @dataclass
 class RecallEntry:
@@ -50,6 +52,9 @@ class SessionRecord:
     # The drafter's per-unit features of this session's compressed messages (by unit-text sha256):
     # kept and persisted with the session so a follow-up's recall gate reads only the new question.
     unit_features: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    client_key: str = ""  # the client's own session name (e.g. its X-Session-Id); "" when derived
+    # What each recent turn did (tokens, timings, compression, recall): small plain dicts, bounded.
+    turn_log: list[dict[str, Any]] = field(default_factory=list)
     # Bumped by every change a later turn depends on; the registry compares it with what it wrote.
     version: int = field(default=0, compare=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
@@ -72,13 +77,23 @@ class SessionRecord:
             self.recall_log.append(entry)
             self.version += 1
 
-    def note_served(self, served_hashes: list[str], transcript: list[dict[str, str]], counts: Iterable[tuple[str, int]]) -> None:
+    def note_served(self, served_hashes: list[str], transcript: list[dict[str, str]], counts: Iterable[tuple[str, int]],
+                    turn: dict[str, Any], client_key: str | None) -> None:
+        """One finished turn: what the model saw, its counts, its line in the turn log."""
         with self._lock:
             self.served_hashes = served_hashes
             self.transcript = transcript
             self.last_used = time.time()
             for name, amount in counts:
                 self.counters[name] = self.counters.get(name, 0) + amount
+            if client_key is not None:
+                self.client_key = client_key
+            self.log_turn(turn)
+
+    def log_turn(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.turn_log.append(entry)
+            del self.turn_log[:-TURN_LOG_LIMIT]
             self.version += 1
 
     # --- consistent reads ----------------------------------------------------------------------
@@ -124,6 +139,8 @@ class SessionRecord:
                 "counters": dict(self.counters),
                 "transcript": list(self.transcript),
                 "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
+                "client_key": self.client_key,
+                "turn_log": [dict(e) for e in self.turn_log],
             }
 
     @classmethod
@@ -141,4 +158,6 @@ class SessionRecord:
             counters={str(k): int(v) for k, v in data.get("counters", {}).items()},
             transcript=[{"role": str(m["role"]), "content": str(m["content"])} for m in data.get("transcript", [])],
             unit_features={str(k): (bytes(raw), int(n)) for k, (raw, n) in data.get("unit_features", {}).items()},
+            client_key=str(data.get("client_key", "")),
+            turn_log=[dict(e) for e in data.get("turn_log", []) if isinstance(e, dict)][-TURN_LOG_LIMIT:],
         )

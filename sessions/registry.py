@@ -105,6 +105,11 @@ class SessionRegistry:
             return None
         return record
 
+    def loaded(self, session_id: str) -> SessionRecord | None:
+        """The record if it is in memory (no disk read): for listings that must stay cheap."""
+        with self._lock:
+            return self._live.get(session_id)
+
     async def _resident(self, session_id: str) -> SessionRecord | None:
         """The one in-memory record of a session, loading it from the store if it is cold."""
         with self._lock:
