@@ -24,7 +24,7 @@ log = logging.getLogger("pflash.recall")
 class RecallReport:
     fired: bool
     reason: str
-    omitted_share: float
+    peak_share: float
     added_tokens: int
     seconds: float
 
@@ -72,7 +72,7 @@ class RecallGate:
         )
         elapsed = time.perf_counter() - started
         if not decision.recall:
-            return question, RecallReport(False, decision.reason, decision.omitted_share, 0, elapsed)
+            return question, RecallReport(False, decision.reason, decision.peak_share, 0, elapsed)
         blocks: list[str] = []
         by_source: dict[str, list[int]] = {}
         for unit in decision.units:
@@ -91,8 +91,8 @@ class RecallGate:
         units = tuple((candidates[i].source_hash, candidates[i].first, candidates[i].last) for i in decision.units)
         record.recall_log.append(RecallEntry(turn_key(index, question.content), rendered, units))
         added = self.compressor.count_tokens(rendered) - self.compressor.count_tokens(question.content)
-        log.info("recall: %d units (%d tokens), omitted share %.3f", len(units), added, decision.omitted_share)
-        return Message(question.role, rendered), RecallReport(True, decision.reason, decision.omitted_share,
+        log.info("recall: %d units (%d tokens), peak share %.3f", len(units), added, decision.peak_share)
+        return Message(question.role, rendered), RecallReport(True, decision.reason, decision.peak_share,
                                                               added, elapsed)
 
     def _candidates(self, messages: Sequence[Message], record: SessionRecord) -> list[_Candidate]:
