@@ -67,12 +67,14 @@ def _passage_block(k: int, doc_id: str, text: str) -> str:
 
 
 def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit: int | None,
-                  seed: int) -> tuple[list[Replay], dict[str, int]]:
+                  seed: int, distractors: list[dict[str, Any]] | None = None) -> tuple[list[Replay], dict[str, int]]:
+    """Replays of `records`; distractor passages come from `distractors` (default: the same
+    records): passages are not labels, so a split's conversations may draw on every collection."""
     from policies.conversation import Message, ToolCall
     from policies.rendering import split_lines
 
     pool: dict[str, dict[str, str]] = {}  # collection -> document_id -> text
-    for r in records:
+    for r in distractors if distractors is not None else records:
         for c in r.get("contexts") or []:
             pool.setdefault(r["Collection"], {}).setdefault(c["document_id"], c["text"])
     skipped = {"no gold passage": 0, "no follow-up": 0, "not enough distractors": 0}

@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
     head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
-    head.add_argument("--data", type=Path, default=None, help="data directory (default: ../shared/data of the checkout)")
-    head.add_argument("--sessions", type=int, default=40, help="swe-dev sessions to build examples from")
+    head.add_argument("--data", type=Path, default=None,
+                      help="data directory (default: ../shared/data beside a source checkout)")
+    head.add_argument("--sessions", type=int, default=40, help="coding sessions (train+validation) to build examples from")
     head.add_argument("--conversations", type=int, default=60, help="MTRAG conversations to build examples from")
     head.add_argument("--epochs", type=int, default=40, help="most training epochs (early stopping on validation)")
     head.add_argument("--seed", type=int, default=0, help="seed for the split, the initialization and the order")
@@ -173,17 +174,15 @@ def _train_head(settings: Settings, args: argparse.Namespace) -> int:
     from engine.head_train import run_train_head
     from engine.model_files import ModelFileError, resolve_model
 
-    root = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ and ../shared/data
     try:
         model = resolve_model(settings.drafter or settings.model, settings.store_dir / "models")
     except ModelFileError as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return run_train_head(args.out, args.data or root.parent / "shared" / "data", model, sessions=args.sessions,
-                          conversations=args.conversations, epochs=args.epochs, seed=args.seed, layer=args.layer,
-                          n_threads=settings.n_threads, cache_dir=root / "benchmarks" / ".cache")
+    data = args.data or Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
+    return run_train_head(args.out, data, model, sessions=args.sessions, conversations=args.conversations,
+                          epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
+                          cache_dir=settings.store_dir / "cache")
 
 
 def _env_config() -> Path | None:
