@@ -51,7 +51,7 @@ def _embedding_scorer(settings: Settings) -> Scorer:
     from engine.embedder_convert import embedder_path
 
     path = embedder_path(settings.embedder, settings.store_dir / "models")
-    dense = EmbeddingScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
+    dense = EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
     log.info("scorer %s: sentence encoder %s", settings.scorer, path.name)
     return FusionScorer(dense, name="hybrid") if settings.scorer == "hybrid" else dense
 

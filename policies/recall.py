@@ -27,7 +27,7 @@ from policies.rendering import Range, line_span_label
 from policies.segmentation import Unit
 from policies.selection import relevance_mass
 
-DEFAULT_THETA = 0.5
+DEFAULT_THETA = 0.45
 DEFAULT_RECALL_BUDGET = 2048
 RECALL_FLOOR = 0.3  # a recalled unit holds at least this share of the best omitted unit's mass
 
