@@ -8,7 +8,6 @@ the section's markdown.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import platform
@@ -47,6 +46,7 @@ class BenchContext:
     results_dir: Path = BENCH_DIR / "results"
     cache_dir: Path = BENCH_DIR / ".cache"  # git-ignored: the assembled model lives here
     seed: int = 0
+    split: str = "test"  # engine/splits.json: published numbers come from test only
     model_path: Path | None = None
     model_error: str | None = None
     _tokenizer: Any = None
@@ -97,6 +97,16 @@ class BenchContext:
                 from engine.scorers import Bm25Scorer
 
                 scorer = Bm25Scorer()
+            elif name in ("embed", "hybrid"):
+                from engine.drafter import FusionScorer
+                from engine.embedder import EmbeddingScorer
+                from engine.embedder_convert import embedder_path
+
+                dense = self._scorers.get("embed") if name == "hybrid" else None
+                if dense is None:
+                    dense = EmbeddingScorer(embedder_path(None, self.cache_dir / "models"))
+                    self._scorers["embed"] = dense
+                scorer = FusionScorer(dense, name="hybrid") if name == "hybrid" else dense
             elif name in ("drafter", "fusion"):
                 if self.model_path is None:
                     raise RuntimeError(f"no model: {self.model_error}")
@@ -149,17 +159,8 @@ class BenchContext:
 # --- data ----------------------------------------------------------------------------------------
 
 
-def load_jsonl_zst(path: Path) -> list[dict[str, Any]]:
-    import zstandard
-
-    raw = zstandard.ZstdDecompressor().decompress(path.read_bytes(), max_output_size=1 << 31)
-    return [json.loads(line) for line in raw.splitlines() if line.strip()]
-
-
-def stable_fraction(*parts: object) -> float:
-    """A number in [0, 1) fixed by its inputs: seeded choices that do not depend on run order."""
-    digest = hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()
-    return int(digest[:12], 16) / float(1 << 48)
+# One loader and one seeded fraction for benchmarks and `train-head` alike (engine.agent_data).
+from engine.agent_data import load_jsonl_zst, stable_fraction  # noqa: E402,F401
 
 
 def window_around(tokens: Sequence[int], hit: int, depth: float, cap: int) -> tuple[int, int]:

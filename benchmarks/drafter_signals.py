@@ -50,7 +50,7 @@ from engine.drafter import (
     read_pooled,
     to_mass,
 )
-from benchmarks.bench_retention import terminal_log  # noqa: E402
+from engine.agent_data import terminal_log  # noqa: E402
 from benchmarks.common import window_around  # noqa: E402
 from engine.scorers import Bm25Scorer
 from policies.lexical import bm25_scores

@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="at most N sessions / conversations per section (default: the section's own)")
     p.add_argument("--drafter-sessions", type=int, default=None, metavar="N",
                    help="at most N cases read by the drafter scorers (default: the section's own subset)")
+    p.add_argument("--split", choices=["test", "validation", "train"], default="test",
+                   help="data split of engine/splits.json (publish test only; tune on validation)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="evaluation data (default: ../shared/data relative to the repository)")
     return p.parse_args(argv)
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     names = selected_sections(args.only)
     command = "make bench" + (f" ARGS={shlex.quote(shlex.join(argv))}" if argv else "")
-    ctx_kwargs = {"quick": args.quick, "sessions": args.sessions, "drafter_sessions": args.drafter_sessions}
+    ctx_kwargs = {"quick": args.quick, "sessions": args.sessions, "drafter_sessions": args.drafter_sessions,
+                  "split": args.split}
     if args.data_dir is not None:
         ctx_kwargs["data_dir"] = args.data_dir.resolve()
     ctx = BenchContext(**ctx_kwargs)

@@ -496,17 +496,21 @@ class DrafterScorer:
 
 class FusionScorer:
     """Reciprocal-rank fusion (k=60) of BM25 (ranked by score per token, as selection uses it)
-    and the drafter's cosine. Measured on chats (ENGINE-NOTES) +5 points over BM25 alone."""
+    and a dense relevance: the drafter's cosine (`fusion`, +5 points over BM25 alone on chats,
+    ENGINE-NOTES) or the sentence encoder's (`hybrid`, engine/embedder.py). `dense` is any object
+    with `relevance(units, request) -> (relevance per unit, tokens per unit)`."""
 
-    name = "fusion"
-
-    def __init__(self, drafter: DrafterScorer, k: int = RRF_K) -> None:
-        self.drafter = drafter
+    def __init__(self, dense: Any, k: int = RRF_K, name: str = "fusion") -> None:
+        self.dense = dense
         self.k = k
+        self.name = name
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
-        cos, n_tokens = self.drafter.relevance(units, request)
+        cos, n_tokens = self.dense.relevance(units, request)
         lexical = bm25_scores(units, request)
         density = np.array([s / n if n else 0.0 for s, n in zip(lexical, n_tokens)])
         fused = fuse(density, cos, self.k)
         return to_mass(fused, n_tokens)
+
+    def close(self) -> None:
+        self.dense.close()

@@ -1,20 +1,22 @@
-"""Training the relevance head (issue 9): labelled examples from ../shared/data, numpy Adam.
+"""Training the relevance head (issues 9, 12): labelled examples from ../shared/data, numpy Adam.
 
-Examples (one per (message, request)):
-- swe-dev: the retention benchmark's own long outputs (benchmarks.bench_retention.build_cases,
-  small: ~3K tokens), segmented as serving does; units holding a gold line of the session's own
-  output are positives; the request is what the serving request finder makes of the issue.
+Examples (one per (message, request)), built by engine.agent_data (part of the package: no
+`benchmarks/` import) from the train and validation splits of engine/splits.json only:
+- coding sessions (swe-dev + swe-train): one real evidence-bearing tool output per session,
+  padded with same-repository outputs (~3K tokens), segmented as serving does; positives are
+  units holding a gold line or a line the agent went on to use (weak labels); the request is what
+  the serving request finder makes of the agent's asking turn and the task.
 - MTRAG: per conversation, one long "tool output" of its gold passages among on-topic distractors
   (passages of other conversations of the same collection); each turn with gold passages is one
   example, request = that turn's question, positives = units of its gold passages.
 
-Split by session / conversation (seeded hash, ~30 % held out). Loss: softmax cross-entropy over
-the units of one message, target uniform over its positives. Early stopping on held-out evidence
-retention at a 27 % budget (selection by mass per token, as serving selects). Deterministic:
-fixed seeds, float64, fixed order; the same inputs give a byte-identical head file.
+Train on the train split, early-stop on validation retention of gold at a 27 % budget (selection by
+mass per token, as serving selects); the test split is never seen. Loss: softmax cross-entropy over
+the units of one message, target uniform over its positives. Deterministic: fixed seeds, float64,
+fixed order; the same inputs give a byte-identical head file.
 
-Drafter reads are the costly part: the per-unit vectors and request vectors are cached under
-benchmarks/.cache/ keyed by a hash of the data files, the drafter file and the build parameters.
+Drafter reads are the costly part: the per-unit vectors and request vectors are cached under the
+cache directory, keyed by a hash of the data files, the drafter file and the build parameters.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ from engine.head import (
     save_head,
 )
 
-CACHE_VERSION = "head-features-v1"
+CACHE_VERSION = "head-features-v2"
 BUDGET = 0.27
-VAL_SHARE = 0.30
 
 
 # --- examples -------------------------------------------------------------------------------------
@@ -77,15 +78,17 @@ class Dataset:
         return head_features(m.units, ex.query, ex.bm25, m.tokens, m.kinds)
 
 
-def split(examples: Sequence[Example], seed: int, share: float = VAL_SHARE) -> tuple[list[int], list[int]]:
-    """(train, validation) example indices, whole groups on one side (no session leaks)."""
-    from hashlib import sha256
+def split(examples: Sequence[Example]) -> tuple[list[int], list[int]]:
+    """(train, validation) example indices from the frozen split (engine/splits.json): whole
+    sessions and conversations on one side; the test split is never built into examples."""
+    from engine.splits import split_of
 
-    def frac(group: str) -> float:
-        return int(sha256(f"{seed}\x00{group}\x00split".encode()).hexdigest()[:12], 16) / float(1 << 48)
+    def side(group: str) -> str | None:
+        kind, _, key = group.partition(":")
+        return split_of("swe" if kind == "swe" else "mtrag", key)
 
-    train = [i for i, e in enumerate(examples) if frac(e.group) >= share]
-    val = [i for i, e in enumerate(examples) if frac(e.group) < share]
+    train = [i for i, e in enumerate(examples) if side(e.group) == "train"]
+    val = [i for i, e in enumerate(examples) if side(e.group) == "validation"]
     return train, val
 
 
@@ -268,26 +271,36 @@ class BuildConfig:
     request_tokens: int = 128
 
 
-def _request(question: str, text: str, count: Callable[[str], int], limit: int) -> str:
-    """What the serving request finder ranks a tool output against, given the user's text."""
-    from policies.conversation import Message as Msg
+def _request(messages: Sequence[Any], count: Callable[[str], int], limit: int) -> str:
+    """What the serving request finder ranks the last message (a tool output) against."""
     from policies.request_finding import find_request
 
-    messages = [Msg("user", question), Msg("tool", text, tool_call_id="call_0", name="bash")]
-    return find_request(messages, 1, count, limit).scored
+    return find_request(messages, len(messages) - 1, count, limit).scored
+
+
+def _in_training_splits(kind: str, key: str) -> bool:
+    from engine.splits import split_of
+
+    return split_of(kind, key) in ("train", "validation")  # type: ignore[arg-type]
 
 
 def _swe_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Callable[[str], int]) -> list[dict[str, Any]]:
-    from benchmarks.bench_retention import build_cases, gold_key
-    from benchmarks.common import stable_fraction
+    """One real evidence-bearing tool output per session (train and validation splits), padded with
+    same-repository outputs; the request is the agent's own asking turn (thought + command) and
+    the task, as serving reads it. Positives: units with a gold line or a line the agent went on
+    to use (weak labels, engine.agent_data.used_later); retention is measured on gold alone."""
+    import json as _json
+
+    from engine.agent_data import build_long_outputs, gold_key, stable_fraction
+    from policies.conversation import Message as Msg, ToolCall
     from policies.segmentation import segment
 
-    picked = sorted(records, key=lambda r: stable_fraction(cfg.seed, r["id"], "head-pick"))
-    pool = picked[: max(int(cfg.sessions * 1.25) + 2, cfg.sessions)]
-    cases, _ = build_cases(pool, count, cfg.swe_tokens, cfg.swe_tokens, cfg.sessions, cfg.seed)
+    usable = [r for r in records if _in_training_splits("swe", r["id"])]
+    picked = sorted(usable, key=lambda r: stable_fraction(cfg.seed, r["id"], "head-pick"))[: cfg.sessions]
     out = []
-    for case in cases:
-        units = segment(case.lines, case.line_tokens, cfg.min_segment, cfg.max_segment)
+    for case in build_long_outputs(picked, usable, count, cfg.swe_tokens, cfg.swe_tokens, cfg.seed, ("tool_output",)):
+        line_tokens = [count(x) for x in case.lines]
+        units = segment(case.lines, line_tokens, cfg.min_segment, cfg.max_segment)
         texts = ["".join(case.lines[u.first : u.last + 1]) for u in units]
         items = []
         for g in sorted(case.gold):
@@ -295,9 +308,14 @@ def _swe_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Callab
                    if any(case.own[i] and gold_key(case.lines[i]) == g for i in range(u.first, u.last + 1))]
             if hit:
                 items.append(hit)
+        weak = [k for k, u in enumerate(units) if any(case.weak[u.first : u.last + 1])]
+        messages = [Msg("user", case.task),
+                    Msg("assistant", case.thought, (ToolCall("call_0", "bash", _json.dumps({"command": case.command})),)),
+                    Msg("tool", case.text, tool_call_id="call_0", name="bash")]
         if items:
-            out.append({"group": f"swe:{case.id}", "source": "swe", "units": texts, "kinds": [u.kind for u in units],
-                        "turns": [(_request(case.request, case.text, count, cfg.request_tokens), items)]})
+            out.append({"group": f"swe:{case.id.split('#')[0]}", "source": "swe", "units": texts,
+                        "kinds": [u.kind for u in units], "weak": weak,
+                        "turns": [(_request(messages, count, cfg.request_tokens), items)]})
     return out
 
 
@@ -311,7 +329,8 @@ def _clean(text: str) -> str:
 
 
 def _mtrag_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Callable[[str], int]) -> list[dict[str, Any]]:
-    from benchmarks.common import stable_fraction
+    from engine.agent_data import stable_fraction
+    from policies.conversation import Message as Msg, ToolCall
     from policies.rendering import split_lines
     from policies.segmentation import segment
 
@@ -321,7 +340,7 @@ def _mtrag_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Call
         for c in r.get("contexts") or []:
             passages.setdefault(r["Collection"], {})[c["document_id"]] = _clean(c["text"])
         convs.setdefault(r["conversation_id"], []).append(r)
-    usable = [cid for cid, rs in convs.items() if any(r.get("contexts") for r in rs)]
+    usable = [cid for cid, rs in convs.items() if any(r.get("contexts") for r in rs) and _in_training_splits("mtrag", cid)]
     chosen = sorted(usable, key=lambda cid: stable_fraction(cfg.seed, cid, "head-pick"))[: cfg.conversations]
     out = []
     for cid in chosen:
@@ -358,7 +377,8 @@ def _mtrag_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Call
             items = [[k for k, u in enumerate(units) if u.first <= span[d][1] and u.last >= span[d][0]] for d in ctx]
             items = [it for it in items if it]
             if items:
-                examples.append((_request(question, text, count, cfg.request_tokens), items))
+                messages = [Msg("user", question), Msg("tool", text, tool_call_id="call_0", name="search")]
+                examples.append((_request(messages, count, cfg.request_tokens), items))
         if examples:
             out.append({"group": f"mtrag:{cid}", "source": "mtrag", "units": texts,
                         "kinds": [u.kind for u in units], "turns": examples})
@@ -373,13 +393,14 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
     which messages came before), and its reads are cached on disk one file per message under
     `cache_dir/head-features/<key>/`: an interrupted or resized run keeps what it read.
     """
-    from benchmarks.common import load_jsonl_zst
+    from engine.agent_data import load_jsonl_zst
     from engine.drafter import FeatureCache
     from engine.head import drafter_features
     from policies.lexical import bm25_scores
 
-    swe_path, mtrag_path = data_dir / "swe-dev.jsonl.zst", data_dir / "mtrag-un-reference.jsonl.zst"
-    present = [p for p in (swe_path, mtrag_path) if p.is_file()]
+    swe_paths = [data_dir / "swe-dev.jsonl.zst", data_dir / "swe-train.jsonl.zst"]
+    mtrag_path = data_dir / "mtrag-un-reference.jsonl.zst"
+    present = [p for p in (*swe_paths, mtrag_path) if p.is_file()]
     if not present:
         raise FileNotFoundError(f"no training data in {data_dir} (see ../shared/data/README.md)")
     # The folder is keyed by the data files and the drafter; each file by its message's content.
@@ -387,8 +408,9 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
                       *(p.name + ":" + data_digest(p.read_bytes()) for p in present))
     folder = cache_dir / "head-features" / key[:20] if cache_dir else None
     specs: list[dict[str, Any]] = []
-    if swe_path.is_file():
-        specs += _swe_messages(load_jsonl_zst(swe_path), cfg, count)
+    swe_records = [r for p in swe_paths if p.is_file() for r in load_jsonl_zst(p)]
+    if swe_records:
+        specs += _swe_messages(swe_records, cfg, count)
     if mtrag_path.is_file():
         specs += _mtrag_messages(load_jsonl_zst(mtrag_path), cfg, count)
     n_tok, n_read, cached = 0, 0, 0
@@ -422,6 +444,7 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
                 labels = np.zeros(len(spec["units"]), dtype=bool)
                 for unit_ids in items:
                     labels[unit_ids] = True
+                labels[spec.get("weak", [])] = True  # weak labels train; gold items measure
                 exs.append(Example(spec["group"], spec["source"], -1, query.astype(np.float32),
                                    np.asarray(bm25_scores(spec["units"], request)), labels, items))
             n_read += 1
@@ -497,7 +520,7 @@ def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversati
     finally:
         drafter.close()
     extract_s = time.perf_counter() - started
-    tr, va = split(ds.examples, seed)
+    tr, va = split(ds.examples)
     xs = [ds.features(e) for e in ds.examples]
     labels = [e.labels for e in ds.examples]
     tokens = [ds.messages[e.message].tokens for e in ds.examples]
@@ -528,11 +551,6 @@ def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int
     """`pflash-gateway train-head`: fit, write the head GGUF, read it back, print the evaluation."""
     from engine.head import drafter_sha256, load_head
 
-    try:
-        import benchmarks.bench_retention  # noqa: F401  (the example builders live there)
-    except ImportError:
-        print("pflash-gateway train-head: run it from a source checkout (needs benchmarks/)", file=sys.stderr)
-        return 2
     print(f"train-head: {sessions} swe-dev sessions + {conversations} MTRAG conversations through drafter "
           f"{model_path.name} layer {layer}. The first run reads them all through the drafter (minutes); later "
           "runs use the feature cache.", file=sys.stderr)

@@ -34,8 +34,8 @@ class FeatureStore(Protocol):
 
 
 def feature_store_of(scorer: Any) -> FeatureStore | None:
-    """The drafter behind a scorer (itself, or the one fusion and the head wrap), if any."""
-    for candidate in (scorer, getattr(scorer, "drafter", None)):
+    """The model behind a scorer (itself, the dense scorer fusion wraps, the head's drafter), if any."""
+    for candidate in (scorer, getattr(scorer, "dense", None), getattr(scorer, "drafter", None)):
         if candidate is not None and hasattr(candidate, "export_features") and hasattr(candidate, "import_features"):
             return candidate  # type: ignore[no-any-return]
     return None

@@ -224,7 +224,10 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
                                           settings.max_segment, settings.request_tokens, settings.fallback_spread,
                                           settings.recall_theta, settings.recall_budget)
-        turns = TurnService(engine, registry, build_scorer(settings), compression)
+        choice = build_scorer(settings)
+        turns = TurnService(engine, registry, choice.scorer, compression)
+        if choice.fallback is not None:  # /metrics: the configured scorer did not load
+            turns.counters["scorer_fallbacks"] = 1
         state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
         app[APP_STATE] = state
         await engine.start()

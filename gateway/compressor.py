@@ -32,7 +32,7 @@ class CompressionSettings:
     max_segment: int
     request_tokens: int
     fallback_spread: float
-    recall_theta: float = 0.075
+    recall_theta: float = 0.45
     recall_budget: int = 2048
 
 

@@ -115,11 +115,21 @@ class Settings(BaseSettings):
     max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
     request_tokens: int = Field(128, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
-    scorer: Literal["bm25", "drafter", "fusion", "head"] = Field("bm25", description="Relevance scorer for compression.")
+    scorer: Literal["bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(
+        "bm25", description="Relevance scorer for compression: bm25 (lexical, no model), embed (sentence encoder), "
+        "hybrid (bm25 + encoder fusion), drafter, fusion (bm25 + drafter), head (learned head on the drafter).",
+    )
+    embedder: str | None = Field(
+        None, description="Sentence-encoder GGUF for --scorer embed/hybrid (default: the packaged all-MiniLM-L6-v2, "
+        "converted once into the model cache; see `pflash-gateway make-embedder`).",
+    )
     head: str | None = Field(
         None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter).",
     )
-    recall_theta: float = Field(0.075, ge=0, le=1, description="Omitted relevance share that triggers recall.")
+    recall_theta: float = Field(
+        0.45, ge=0, le=1, description="Recall fires when the best omitted unit's share of the two peaks (best omitted "
+        "vs best visible relevance) reaches this; chosen on the validation split. 1.0 turns recall off.",
+    )
     recall_budget: int = Field(2048, ge=0, description="Tokens of recalled excerpts per follow-up.")
 
     # --- limits --------------------------------------------------------------------------------

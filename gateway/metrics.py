@@ -266,6 +266,9 @@ def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
     yield seconds
     yield _counter("pflash_scorer_failures", "Scorer failures (the message was served whole).",
                    t.get("scorer_failures", 0.0))
+    yield _counter("pflash_scorer_fallbacks",
+                   "The configured scorer did not load at start and a simpler one serves instead (see the log).",
+                   t.get("scorer_fallbacks", 0.0))
     recall = _counter("pflash_recall_events", "Follow-up questions checked by the recall gate, by outcome.",
                       labels=["outcome"])
     recall.add_metric(["fired"], t.get("recalls", 0.0))

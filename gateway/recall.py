@@ -24,7 +24,7 @@ log = logging.getLogger("pflash.recall")
 class RecallReport:
     fired: bool
     reason: str
-    omitted_share: float
+    peak_share: float
     added_tokens: int
     seconds: float
     turn_hash: str = ""  # when fired: the recall log entry this turn added
@@ -74,7 +74,7 @@ class RecallGate:
         )
         elapsed = time.perf_counter() - started
         if not decision.recall:
-            return question, RecallReport(False, decision.reason, decision.omitted_share, 0, elapsed)
+            return question, RecallReport(False, decision.reason, decision.peak_share, 0, elapsed)
         blocks: list[str] = []
         by_source: dict[str, list[int]] = {}
         for unit in decision.units:
@@ -94,8 +94,8 @@ class RecallGate:
         key = turn_key(index, question.content)
         record.add_recall(RecallEntry(key, rendered, units))
         added = self.compressor.count_tokens(rendered) - self.compressor.count_tokens(question.content)
-        log.info("recall: %d units (%d tokens), omitted share %.3f", len(units), added, decision.omitted_share)
-        return Message(question.role, rendered), RecallReport(True, decision.reason, decision.omitted_share,
+        log.info("recall: %d units (%d tokens), peak share %.3f", len(units), added, decision.peak_share)
+        return Message(question.role, rendered), RecallReport(True, decision.reason, decision.peak_share,
                                                               added, elapsed, key)
 
     def _candidates(self, messages: Sequence[Message], record: SessionRecord) -> list[_Candidate]:

@@ -1,8 +1,11 @@
-"""Build the configured relevance scorer; a drafter that cannot load falls back to BM25."""
+"""Build the configured relevance scorer. A model that cannot load never fails start-up: the scorer
+steps down (head → fusion → bm25; hybrid or embed → bm25) with one warning, and the step is
+counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.scorers import Bm25Scorer, Scorer
@@ -11,8 +14,14 @@ from gateway.config import Settings
 log = logging.getLogger("pflash.scorer")
 
 
+@dataclass(frozen=True)
+class ScorerChoice:
+    scorer: Scorer
+    fallback: str | None = None  # why the configured scorer was replaced, if it was
+
+
 def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads: int | None = None,
-                            n_gpu_layers: int = 0) -> Scorer:
+                            n_gpu_layers: int = 0) -> ScorerChoice:
     """The learned head on `drafter_path`; a head that is missing, malformed or trained on another
     drafter is reported once and replaced by the next best scorer: fusion, then bm25."""
     try:
@@ -21,7 +30,7 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
         scorer = open_head_scorer(settings.head, drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
         log.info("scorer head: %s on drafter %s, layer %d", settings.head or "shipped head", drafter_path.name,
                  scorer.drafter.layer)
-        return scorer
+        return ScorerChoice(scorer)
     except Exception as exc:  # noqa: BLE001 - never fail start-up over the head
         head_error = exc
     try:
@@ -31,15 +40,32 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     except Exception as exc:  # noqa: BLE001 - the next fallback, bm25, needs nothing
         log.warning("relevance head unavailable (%s) and the drafter did not load (%s): scoring with bm25",
                     head_error, exc)
-        return Bm25Scorer()
+        return ScorerChoice(Bm25Scorer(), f"head: {head_error}")
     log.warning("relevance head unavailable (%s): scoring with fusion instead", head_error)
-    return fallback
+    return ScorerChoice(fallback, f"head: {head_error}")
 
 
-def build_scorer(settings: Settings) -> Scorer:
-    """The configured scorer; a drafter that fails to load falls back to BM25 (start-up never fails)."""
+def _embedding_scorer(settings: Settings) -> Scorer:
+    from engine.drafter import FusionScorer
+    from engine.embedder import EmbeddingScorer
+    from engine.embedder_convert import embedder_path
+
+    path = embedder_path(settings.embedder, settings.store_dir / "models")
+    dense = EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
+    log.info("scorer %s: sentence encoder %s", settings.scorer, path.name)
+    return FusionScorer(dense, name="hybrid") if settings.scorer == "hybrid" else dense
+
+
+def build_scorer(settings: Settings) -> ScorerChoice:
+    """The configured scorer, or the fallback it steps down to (start-up never fails)."""
     if settings.scorer == "bm25":
-        return Bm25Scorer()
+        return ScorerChoice(Bm25Scorer())
+    if settings.scorer in ("embed", "hybrid"):
+        try:
+            return ScorerChoice(_embedding_scorer(settings))
+        except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
+            log.warning("sentence encoder unavailable (%s): scoring with bm25 instead of %s", exc, settings.scorer)
+            return ScorerChoice(Bm25Scorer(), f"{settings.scorer}: {exc}")
     try:
         from engine.drafter import DrafterScorer, FusionScorer
         from engine.model_files import resolve_model
@@ -53,6 +79,6 @@ def build_scorer(settings: Settings) -> Scorer:
         drafter = DrafterScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
     except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
         log.warning("drafter could not be loaded (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-        return Bm25Scorer()
+        return ScorerChoice(Bm25Scorer(), f"{settings.scorer}: {exc}")
     log.info("scorer %s: drafter %s, layer %d", settings.scorer, path.name, drafter.layer)
-    return FusionScorer(drafter) if settings.scorer == "fusion" else drafter
+    return ScorerChoice(FusionScorer(drafter) if settings.scorer == "fusion" else drafter)

@@ -61,7 +61,7 @@ class Turn:
         if self.recall is not None:
             out["X-PFlash-Recall"] = "true" if self.recall.fired else "false"
             out["X-PFlash-Recall-Tokens"] = str(self.recall.added_tokens)
-            out["X-PFlash-Recall-Share"] = f"{self.recall.omitted_share:.4f}"
+            out["X-PFlash-Recall-Share"] = f"{self.recall.peak_share:.4f}"
         return out
 
 

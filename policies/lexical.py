@@ -2,7 +2,10 @@
 
 Tokens are identifier-aware: `parseHTTPResponse_v2` yields the whole identifier and its parts
 (`parsehttpresponse_v2`, `parse`, `http`, `response`, `v2`), so a request naming either form
-matches. Scores are plain Python floats summed in a fixed order: the same input, the same output.
+matches. Words that differ only in an inflection also match: a word with a plural, past-tense or
+-ing ending also yields its stem (`FAILED` → `failed`, `fail`; `jobs` → `jobs`, `job`), so "why did
+the jobs fail?" finds `FAILED: disk quota exceeded`. Scores are plain Python floats summed in a
+fixed order: the same input, the same output.
 """
 
 from __future__ import annotations
@@ -30,8 +33,44 @@ def _parts(identifier: str) -> list[str]:
     return parts
 
 
+_VOWEL = re.compile(r"[aeiouy]")
+_DOUBLED = re.compile(r"([b-df-hj-np-tv-z])\1$")
+
+
+def stem(word: str) -> str:
+    """A conservative English suffix strip (lowercase input): -ies → -y, -sses → -ss, plural -s,
+    -ed and -ing (a doubled final consonant undone: `stopped` → `stop`). Short words (`jobs` is
+    the shortest stemmed, `does` and `this` stay), stems left without a vowel, digits and
+    identifiers are kept as they are."""
+    if len(word) < 4 or not word.isalpha():
+        return word
+    if len(word) == 4:
+        return word[:-1] if word[-1] == "s" and word[-2] not in "aeiousy" else word
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith("sses"):
+        return word[:-2]
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix):
+            base = word[: -len(suffix)]
+            if len(base) >= 3 and _VOWEL.search(base):
+                return base[:-1] if _DOUBLED.search(base) and not base.endswith(("ll", "ss", "zz")) else base
+            return word
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def _with_stem(token: str, out: list[str]) -> None:
+    out.append(token)
+    root = stem(token)
+    if root != token and len(root) > 1:
+        out.append(root)
+
+
 def tokenize_for_search(text: str) -> list[str]:
-    """Lowercased search tokens in text order; each identifier, then its camel/snake parts.
+    """Lowercased search tokens in text order; each identifier, then its camel/snake parts; an
+    inflected word is followed by its stem.
 
     Tokens of one character are dropped.
     """
@@ -42,10 +81,12 @@ def tokenize_for_search(text: str) -> list[str]:
             continue
         whole = word.lower()
         if len(whole) > 1:
-            out.append(whole)
+            _with_stem(whole, out)
         parts = _parts(word)
         if len(parts) > 1:
-            out.extend(p.lower() for p in parts if len(p) > 1)
+            for p in parts:
+                if len(p) > 1:
+                    _with_stem(p.lower(), out)
     return out
 
 

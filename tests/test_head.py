@@ -99,11 +99,12 @@ def test_missing_head_falls_back_to_fusion_once(model_path: Path, tmp_path: Path
                               "model": str(model_path),
                               "n_threads": 2})
     with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
-        scorer = build_scorer(settings)
-    assert isinstance(scorer, FusionScorer)
+        choice = build_scorer(settings)
+    scorer = choice.scorer
+    assert isinstance(scorer, FusionScorer) and choice.fallback is not None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "head unavailable" in warnings[0].getMessage()
-    scorer.drafter.close()
+    scorer.close()
 
 
 @pytest.mark.engine

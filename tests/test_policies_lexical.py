@@ -58,3 +58,20 @@ def test_bm25_is_deterministic_and_non_negative(units: list[str], request: str) 
     assert all(s >= 0.0 for s in a)
     for tok in tokenize_for_search(request):
         assert len(tok) >= 2 and tok == tok.lower()
+
+
+def test_inflections_match_their_stem() -> None:
+    # Issue 12: "why did the jobs fail?" against a log whose failing lines say FAILED.
+    units = ["step 1: ok, all good\n", "FAILED: disk quota exceeded\n", "unrelated output here\n"]
+    scores = bm25_scores(units, "Why did the jobs fail? Read the log.")
+    assert scores[1] > 0 and scores[1] > scores[0] and scores[1] > scores[2]
+    assert tokenize_for_search("FAILED jobs") == ["failed", "fail", "jobs", "job"]
+
+
+@given(st.from_regex(r"[a-z]{1,12}", fullmatch=True))
+def test_stem_is_a_prefix_or_a_known_rewrite(word: str) -> None:
+    from policies.lexical import stem
+
+    root = stem(word)
+    assert root == word or word.startswith(root) or (word.endswith("ies") and root == word[:-3] + "y")
+    assert len(root) >= min(len(word), 3)

@@ -1,0 +1,148 @@
+"""The sentence-encoder scorer (issue 12): the packaged all-MiniLM-L6-v2 converted to GGUF by the real
+command line and checked against the numpy reference, its ranking, its per-unit cache travelling
+with the session, and the fallback to BM25 when it is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
+from policies.conversation import Message, ToolCall
+from sessions.record import SessionRecord
+from tests.test_compression_e2e import python_module
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Converted once by `pflash-gateway make-embedder` (which also runs the reference check)."""
+    store = tmp_path_factory.mktemp("embedder-store")
+    out = store / "minilm.gguf"
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "make-embedder", "--out", str(out),
+                           "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "cosine with the reference implementation: min 0.99" in proc.stdout
+    return out
+
+
+@pytest.fixture
+def scorer(embedder_path: Path) -> Iterator[object]:
+    from engine.embedder import EmbeddingScorer
+
+    s = EmbeddingScorer(embedder_path, n_threads=2)
+    yield s
+    s.close()
+
+
+def test_conversion_matches_the_reference_implementation(embedder_path: Path) -> None:
+    from engine.embedder_convert import verify
+
+    result = verify(packaged_encoder_dir(), embedder_path)
+    assert len(result.cosines) == len(CHECK_SENTENCES)
+    assert min(result.cosines) >= MIN_COSINE, result.cosines
+    assert result.token_mismatches == 0  # llama.cpp's WordPiece reads the converted vocabulary as BERT does
+
+
+def test_reference_wordpiece_splits_like_bert() -> None:
+    wp = WordPiece(_vocab(packaged_encoder_dir()))
+    ids = wp.encode("Unaffable FAILED: disk", 512)
+    inverse = {i: t for t, i in wp.ids.items()}
+    assert [inverse[i] for i in ids] == ["[CLS]", "una", "##ffa", "##ble", "failed", ":", "disk", "[SEP]"]
+
+
+def test_a_broken_conversion_is_refused(embedder_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.embedder_convert as conv
+
+    # A conversion bug (query and key weights of block 0 swapped in the GGUF only): the check
+    # against the reference, which reads the untouched weights, refuses the file.
+    real = conv.read_safetensors
+    calls = []
+
+    def swapped_once(path: Path) -> dict[str, np.ndarray]:
+        weights = dict(real(path))
+        if not calls:
+            q, k = "encoder.layer.0.attention.self.query.weight", "encoder.layer.0.attention.self.key.weight"
+            weights[q], weights[k] = weights[k], weights[q]
+        calls.append(path)
+        return weights
+
+    monkeypatch.setattr(conv, "read_safetensors", swapped_once)
+    with pytest.raises(conv.EmbedderConversionError, match="disagrees with the reference"):
+        conv.make_embedder(tmp_path / "bad.gguf")
+    assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_meaning_beyond_shared_words(scorer: object) -> None:
+    units = [
+        "step 1: collected 4 items, all passed in 0.2s\n",
+        "error: the job could not write its output because the storage allocation is exhausted\n",
+        "Paris is lovely in spring; cafes open their terraces.\n",
+    ]
+    cos, _ = scorer.relevance(units, "Why did the build crash? Is the disk full?")  # type: ignore[attr-defined]
+    assert int(np.argmax(cos)) == 1
+
+
+def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
+    from engine.embedder import EmbeddingScorer
+    from engine.tokenizer import GgufTokenizer
+    from gateway.compressor import CompressionSettings
+    from gateway.turns import TurnService
+
+    tokenizer = GgufTokenizer(model_path)
+
+    class Counting:  # rewrite() needs only the engine's token counts
+        n_ctx = 4096
+        count_tokens = staticmethod(tokenizer.count_tokens)
+
+    settings = CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.0, recall_theta=0.0)
+    messages = [Message("user", "Where is the invoice total computed?"),
+                Message("assistant", "", (ToolCall("call_1", "read_file", '{"path": "inventory.py"}'),)),
+                Message("tool", python_module(), tool_call_id="call_1")]
+    before = EmbeddingScorer(embedder_path, n_threads=2)
+    record = SessionRecord(session_id="a" * 64, tenant="")
+    _served, report, _ = asyncio.run(TurnService(Counting(), None, before, settings).rewrite(messages, record))  # type: ignore[arg-type]
+    assert report is not None and report.compressed and report.scorer == "embed"
+    assert before.units_embedded > 0 and record.unit_features
+    before.close()
+
+    restored = SessionRecord.from_dict(record.to_dict())  # what the store gives back after a restart
+    after = EmbeddingScorer(embedder_path, n_threads=2)  # a new process: an empty cache
+    follow = [*messages, Message("assistant", "Noted."), Message("user", "What does helper_37 return?")]
+    _served, _report, recall = asyncio.run(TurnService(Counting(), None, after, settings).rewrite(follow, restored))  # type: ignore[arg-type]
+    assert recall is not None and recall.fired  # θ = 0: the gate scored every unit
+    assert after.units_embedded == 0  # no unit embedded again: only the question was read
+    assert after.tokens_read == len(after.encoder.tokenize("What does helper_37 return?"))
+    after.close()
+
+
+def test_gateway_serves_with_the_hybrid_scorer_and_falls_back_when_it_is_missing(
+        start_gateway, embedder_path: Path, tmp_path: Path) -> None:
+    import httpx
+
+    from tests.test_compression_e2e import tool_conversation
+
+    server = start_gateway("--scorer", "hybrid", "--embedder", str(embedder_path))
+    body = {"model": "m", "max_tokens": 4, "messages": tool_conversation(python_module()), "temperature": 0}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-PFlash-Compressed"] == "true" and r.headers["X-PFlash-Scorer"] == "hybrid"
+    server.stop()
+
+    missing = start_gateway("--scorer", "hybrid", "--embedder", str(tmp_path / "missing.gguf"), store=tmp_path / "s2")
+    r = httpx.post(f"{missing.url}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-PFlash-Scorer"] == "bm25"  # stepped down, never an error
+    metrics = httpx.get(f"{missing.url}/metrics", timeout=30).text
+    assert "pflash_scorer_fallbacks_total 1.0" in metrics
+    assert "sentence encoder unavailable" in missing.log()
