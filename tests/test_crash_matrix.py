@@ -120,6 +120,7 @@ def kill_at(server: Gateway, run: Run, store: Path, main: str, other: str, turn:
     """SIGKILL the server at `point` of `turn`; returns what actually happened (for the report)."""
     messages = turns()[turn - 1]
     if point == "spill":
+        post(server, main, turns()[turn - 2])  # a client's retry: the main session is in the context again
         thread = in_background(lambda: other_turn(server, other))
         deadline = time.time() + 60
         while time.time() < deadline and not list(store.glob("sessions/*/*/.kv.zst.*.tmp")):
