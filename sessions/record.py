@@ -78,7 +78,7 @@ class SessionRecord:
             self.version += 1
 
     def note_served(self, served_hashes: list[str], transcript: list[dict[str, str]], counts: Iterable[tuple[str, int]],
-                    turn: dict[str, Any], client_key: str | None) -> None:
+                    turn: dict[str, Any] | None = None, client_key: str | None = None) -> None:
         """One finished turn: what the model saw, its counts, its line in the turn log."""
         with self._lock:
             self.served_hashes = served_hashes
@@ -88,7 +88,9 @@ class SessionRecord:
                 self.counters[name] = self.counters.get(name, 0) + amount
             if client_key is not None:
                 self.client_key = client_key
-            self.log_turn(turn)
+            if turn is not None:
+                self.log_turn(turn)
+            self.version += 1
 
     def log_turn(self, entry: dict[str, Any]) -> None:
         with self._lock:
