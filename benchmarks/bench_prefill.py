@@ -48,7 +48,7 @@ def measure(model_path: Path, label: str, sizes: tuple[int, ...], text: str) -> 
 
     threads = os.cpu_count() or 1
     llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=max(sizes) + DECODE_TOKENS + 16, n_batch=512,
-                          n_ubatch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+                          n_ubatch=512, n_threads=threads, n_threads_batch=threads, swa_full=False, verbose=False)
     all_tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
     rates = []
     for size in sizes:

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="check the model files, the store directory and the config")
     doctor.add_argument("--config", type=Path, default=None)
-    add_settings_flags(doctor, _COMMON)
+    add_settings_flags(doctor, [*_COMMON, "scorer"])
 
     drafter = sub.add_parser("make-drafter", help="write a GGUF keeping only a model's first N blocks (a cheaper drafter)")
     drafter.add_argument("--model", type=Path, required=True, dest="drafter_in", metavar="IN.gguf", help="the full model")
