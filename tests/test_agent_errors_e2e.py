@@ -32,7 +32,9 @@ def test_nonstreaming_client_that_leaves_stops_its_generation(gateway: Gateway) 
         httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=3))
     left = time.monotonic()
     while value(scrape(gateway.url), "pflash_queue_depth") > 0:
-        assert time.monotonic() - left < 5, "the engine kept generating for a client that left"
+        # Generous for a loaded 2-core machine (a session switch may precede the first token);
+        # the 3000 tokens asked for take far longer on this model.
+        assert time.monotonic() - left < 15, "the engine kept generating for a client that left"
         time.sleep(0.2)
     generated = value(scrape(gateway.url), "pflash_completion_tokens_total") - before
     assert generated < 1500, generated  # far from the 3000 asked for: it stopped when the client left
