@@ -250,7 +250,8 @@ class UpstreamEngine:
                         slot = calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
                         fn = call.get("function") or {}
                         slot["id"] = call.get("id") or slot["id"]
-                        slot["name"] += fn.get("name") or ""
+                        # A name arrives whole; llama_cpp.server repeats it in every chunk of the call.
+                        slot["name"] = fn.get("name") or slot["name"]
                         slot["arguments"] += fn.get("arguments") or ""
                     finish = choice.get("finish_reason") or finish
         finally:
