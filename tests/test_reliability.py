@@ -355,7 +355,7 @@ def test_disk_full_store_keeps_serving(start_gateway, tiny_fs: Path) -> None:  #
         first = "full-0-" + uuid.uuid4().hex
         history = [{"role": "system", "content": BIG_SYSTEM[:300]}, {"role": "user", "content": "Say ok."}]
         replies = []
-        for i in range(8):  # each switch writes the previous session (about 1 MiB) to a 3 MiB disk
+        for i in range(16):  # each switch writes the previous session (a few hundred KiB, zstd) to a 3 MiB disk
             session = first if i == 0 else f"full-{i}-" + uuid.uuid4().hex
             reply = chat(None, server, history, session, max_tokens=2)
             assert reply.status_code == 200, reply.text
@@ -577,6 +577,8 @@ def test_fuzz_left_no_file_outside_the_store(fuzz_target: Gateway) -> None:
     stored = 0
     for item in store.rglob("*"):
         parts = item.relative_to(store).parts
+        if parts == (".lock",):  # the advisory lock the server holds on the store (issue 14)
+            continue
         assert parts[0] == "sessions", item
         if len(parts) >= 2:
             assert HEX16.match(parts[1]), item
