@@ -344,6 +344,30 @@ class FeatureCache:
             self._items.move_to_end(key)
         return item
 
+    def export(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+        """The cached features of these units (float32 bytes, tokens), keyed by the unit text's
+        sha256 in hex: what a session keeps so a follow-up after eviction or a restart reads no
+        unit again. The owner holds its lock."""
+        out: dict[str, tuple[bytes, int]] = {}
+        for unit in units:
+            key = self.key(unit)
+            hit = self.get(key)
+            if hit is not None:
+                out[key.hex()] = (np.asarray(hit[0], dtype=np.float32).tobytes(), int(hit[1]))
+        return out
+
+    def restore(self, features: Mapping[str, tuple[bytes, int]], dim: int) -> int:
+        """Put a session's saved features back (those of the right size and not cached yet);
+        returns how many were added. The owner holds its lock."""
+        added = 0
+        for hex_key, (raw, n_tokens) in features.items():
+            key = bytes.fromhex(hex_key)
+            vector = np.frombuffer(raw, dtype=np.float32)
+            if self.get(key) is None and vector.shape == (dim,):
+                self.put(key, vector.copy(), int(n_tokens))
+                added += 1
+        return added
+
     def put(self, key: bytes, vector: np.ndarray, n_tokens: int) -> None:
         size = vector.nbytes + self.ENTRY_OVERHEAD
         if size > self.budget_bytes:
@@ -409,29 +433,14 @@ class DrafterScorer:
                 "requests_read": c.requests_read, "seconds": c.seconds, "cache_bytes": self._cache.bytes,
                 "cache_entries": len(self._cache)}
 
+    # FeatureStore: the features a session keeps (see FeatureCache.export / restore).
     def export_features(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """The cached features of these units (float32 bytes, tokens), keyed by the unit text's
-        sha256: what a session keeps so a follow-up after eviction or a restart reads no unit again."""
-        out: dict[str, tuple[bytes, int]] = {}
         with self._lock:
-            for unit in units:
-                key = FeatureCache.key(unit)
-                hit = self._cache.get(key)
-                if hit is not None:
-                    out[key.hex()] = (np.asarray(hit[0], dtype=np.float32).tobytes(), int(hit[1]))
-        return out
+            return self._cache.export(units)
 
     def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int:
-        """Put a session's saved features back into the cache; returns how many were missing."""
-        added = 0
         with self._lock:
-            for hex_key, (raw, n_tokens) in features.items():
-                key = bytes.fromhex(hex_key)
-                vector = np.frombuffer(raw, dtype=np.float32)
-                if self._cache.get(key) is None and vector.shape == (self._reader.n_embd,):
-                    self._cache.put(key, vector.copy(), int(n_tokens))
-                    added += 1
-        return added
+            return self._cache.restore(features, self._reader.n_embd)
 
     def tokenize(self, text: str) -> list[int]:
         return self._reader.tokenize(text)

@@ -134,25 +134,12 @@ class EmbeddingScorer:
 
     # FeatureStore: the vectors a session keeps so a follow-up never embeds its units again.
     def export_features(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        out: dict[str, tuple[bytes, int]] = {}
         with self._lock:
-            for unit in units:
-                key = FeatureCache.key(unit)
-                hit = self._cache.get(key)
-                if hit is not None:
-                    out[key.hex()] = (np.asarray(hit[0], dtype=np.float32).tobytes(), int(hit[1]))
-        return out
+            return self._cache.export(units)
 
     def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int:
-        added = 0
         with self._lock:
-            for hex_key, (raw, n_tokens) in features.items():
-                key = bytes.fromhex(hex_key)
-                vector = np.frombuffer(raw, dtype=np.float32)
-                if self._cache.get(key) is None and vector.shape == (self.encoder.n_embd,):
-                    self._cache.put(key, vector.copy(), int(n_tokens))
-                    added += 1
-        return added
+            return self._cache.restore(features, self.encoder.n_embd)
 
     def _embed(self, id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         started = time.perf_counter()
