@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from engine.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
-from policies.conversation import Message, ToolCall
+from policies.conversation import Message
 from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
 
@@ -96,23 +96,12 @@ def test_meaning_beyond_shared_words(scorer: object) -> None:
 
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
     from engine.embedder import EmbeddingScorer
-    from engine.tokenizer import GgufTokenizer
-    from gateway.compressor import CompressionSettings
-    from gateway.turns import TurnService
+    from tests.test_recall_features import rewrite_setup
 
-    tokenizer = GgufTokenizer(model_path)
-
-    class Counting:  # rewrite() needs only the engine's token counts
-        n_ctx = 4096
-        count_tokens = staticmethod(tokenizer.count_tokens)
-
-    settings = CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.0, recall_theta=0.0)
-    messages = [Message("user", "Where is the invoice total computed?"),
-                Message("assistant", "", (ToolCall("call_1", "read_file", '{"path": "inventory.py"}'),)),
-                Message("tool", python_module(), tool_call_id="call_1")]
+    service, messages = rewrite_setup(model_path)
     before = EmbeddingScorer(embedder_path, n_threads=2)
     record = SessionRecord(session_id="a" * 64, tenant="")
-    _served, report, _ = asyncio.run(TurnService(Counting(), None, before, settings).rewrite(messages, record))  # type: ignore[arg-type]
+    _served, report, _ = asyncio.run(service(before).rewrite(messages, record))
     assert report is not None and report.compressed and report.scorer == "embed"
     assert before.units_embedded > 0 and record.unit_features
     before.close()
@@ -120,7 +109,7 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
     restored = SessionRecord.from_dict(record.to_dict())  # what the store gives back after a restart
     after = EmbeddingScorer(embedder_path, n_threads=2)  # a new process: an empty cache
     follow = [*messages, Message("assistant", "Noted."), Message("user", "What does helper_37 return?")]
-    _served, _report, recall = asyncio.run(TurnService(Counting(), None, after, settings).rewrite(follow, restored))  # type: ignore[arg-type]
+    _served, _report, recall = asyncio.run(service(after).rewrite(follow, restored))
     assert recall is not None and recall.fired  # θ = 0: the gate scored every unit
     assert after.units_embedded == 0  # no unit embedded again: only the question was read
     assert after.tokens_read == len(after.encoder.tokenize("What does helper_37 return?"))
