@@ -9,32 +9,29 @@ the same text. Decode is 32 greedy tokens after the prompt.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from benchmarks.common import ROOT, BenchContext, Section, md_table
+from benchmarks.common import ROOT, BenchContext, Section, md_table, pyplot, savefig, spread
 
 TITLE = "Prefill rate: Qwen2.5-Coder-0.5B-Instruct (served default) vs Gemma 3 270M"
-SIZES = (2048, 8192, 16384, 30720)
-QUICK_SIZES = (512, 2048)
+SIZES = (2048, 8192, 16384, 30720)  # multiples of the 512-token batch
+QUICK_SIZES = (512, 1024)
 DECODE_TOKENS = 32
+
+
+REPS = 5
 
 
 @dataclass(frozen=True)
 class Rate:
     model: str
     tokens: int
-    prefill_s: float
-    decode_s: float
-
-    @property
-    def prefill_rate(self) -> float:
-        return self.tokens / self.prefill_s
-
-    @property
-    def decode_rate(self) -> float:
-        return DECODE_TOKENS / self.decode_s
+    prefill_s: list[float]  # one per repetition: the time to have prefilled the first `tokens`
+    decode_s: list[float]  # 32 greedy tokens after the longest prompt, one per repetition
 
 
 def code_text() -> str:
@@ -43,50 +40,85 @@ def code_text() -> str:
     return "\n\n".join(p.read_text(encoding="utf-8") for p in files)
 
 
-def measure(model_path: Path, label: str, sizes: tuple[int, ...], text: str) -> list[Rate]:
+def open_model(model_path: Path, n_ctx: int) -> Any:
     import llama_cpp
 
     threads = os.cpu_count() or 1
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=max(sizes) + DECODE_TOKENS + 16, n_batch=512,
-                          n_ubatch=512, n_threads=threads, n_threads_batch=threads, swa_full=False, verbose=False)
-    all_tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-    rates = []
-    for size in sizes:
-        if len(all_tokens) < size:
-            raise RuntimeError(f"the code text has only {len(all_tokens)} tokens for {label}, {size} asked")
-        llm.reset()
-        llm._ctx.kv_cache_clear()
-        started = time.perf_counter()
-        llm.eval(all_tokens[:size])
-        prefilled = time.perf_counter()
-        sampler = llm._init_sampler(temp=0.0)
-        for _ in range(DECODE_TOKENS):
-            token = sampler.sample(llm._ctx, -1)
-            llm.eval([token])
-        rates.append(Rate(label, size, prefilled - started, time.perf_counter() - prefilled))
-    llm.close()
-    return rates
+    return llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                           n_threads_batch=threads, swa_full=False, verbose=False)
+
+
+def one_pass(llm: Any, tokens: list[int], sizes: tuple[int, ...]) -> tuple[list[float], float]:
+    """Prefill the longest prompt once, in the engine's 512-token batches, reading the clock as it
+    passes each size (a prefill of the first N tokens is exactly this work); then decode."""
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    marks: list[float] = []
+    started = time.perf_counter()
+    for at in range(0, max(sizes), 512):
+        llm.eval(tokens[at:min(at + 512, max(sizes))])
+        if llm.n_tokens in sizes:
+            marks.append(time.perf_counter() - started)
+    prefilled = time.perf_counter()
+    sampler = llm._init_sampler(temp=0.0)
+    for _ in range(DECODE_TOKENS):
+        llm.eval([sampler.sample(llm._ctx, -1)])
+    return marks, time.perf_counter() - prefilled
 
 
 def run(ctx: BenchContext) -> Section:
     from engine.model_parts import GEMMA_3_270M, QWEN_CODER_05B, assemble
 
-    sizes = QUICK_SIZES if ctx.quick else SIZES
+    sizes, reps = (QUICK_SIZES, 2) if ctx.quick else (SIZES, REPS)
     text = code_text()
-    models = [(QWEN_CODER_05B.label, assemble(QWEN_CODER_05B, ctx.cache_dir / "models")),
-              (GEMMA_3_270M.label, assemble(GEMMA_3_270M, ctx.cache_dir / "models"))]
-    rates = {label: measure(path, label, sizes, text) for label, path in ctx.progress(models, "prefill")}
+    models = {m.label: open_model(assemble(m, ctx.cache_dir / "models"), max(sizes) + DECODE_TOKENS + 16)
+              for m in (QWEN_CODER_05B, GEMMA_3_270M)}
+    prompts = {label: llm.tokenize(text.encode("utf-8"), add_bos=True, special=False) for label, llm in models.items()}
+    for label, tokens in prompts.items():
+        if len(tokens) < max(sizes):
+            raise RuntimeError(f"the code text has only {len(tokens)} tokens for {label}, {max(sizes)} asked")
+    prefill: dict[str, list[list[float]]] = {label: [] for label in models}
+    decode: dict[str, list[float]] = {label: [] for label in models}
+    for rep in ctx.progress(range(reps), "prefill repetitions"):
+        order = list(models) if rep % 2 == 0 else list(reversed(models))  # the models interleaved
+        for label in order:
+            marks, decode_s = one_pass(models[label], prompts[label], sizes)
+            prefill[label].append(marks)
+            decode[label].append(decode_s)
+    for llm in models.values():
+        llm.close()
+    rates = {label: [Rate(label, size, [marks[i] for marks in prefill[label]], decode[label])
+                     for i, size in enumerate(sizes)] for label in models}
     qwen, gemma = rates[QWEN_CODER_05B.label], rates[GEMMA_3_270M.label]
-    rows = [[f"{q.tokens:,}", f"{q.prefill_s:.1f}", f"{q.prefill_rate:,.0f}", f"{q.decode_rate:.1f}",
-             f"{g.prefill_s:.1f}", f"{g.prefill_rate:,.0f}", f"{g.decode_rate:.1f}",
-             f"{q.prefill_s / g.prefill_s:.1f}×"] for q, g in zip(qwen, gemma)]
+
+    def tok_s(r: Rate) -> str:
+        per = sorted(r.tokens / t for t in r.prefill_s)
+        return f"{statistics.median(per):,.0f} ({per[0]:,.0f}–{per[-1]:,.0f})"
+
+    rows = [[f"{q.tokens:,}", spread(q.prefill_s, 1), tok_s(q), f"{DECODE_TOKENS / statistics.median(q.decode_s):.1f}",
+             spread(g.prefill_s, 1), tok_s(g), f"{DECODE_TOKENS / statistics.median(g.decode_s):.1f}",
+             f"{statistics.median(q.prefill_s) / statistics.median(g.prefill_s):.1f}×"] for q, g in zip(qwen, gemma)]
     table = md_table(["prompt tokens", "Qwen prefill s", "Qwen tok/s", "Qwen decode tok/s", "Gemma prefill s",
                       "Gemma tok/s", "Gemma decode tok/s", "Qwen / Gemma time"], rows)
-    return Section(TITLE, model=f"{QWEN_CODER_05B.label} and {GEMMA_3_270M.label}", markdown=(
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, series in rates.items():
+        med = [r.tokens / statistics.median(r.prefill_s) for r in series]
+        ax.plot([r.tokens for r in series], med, "o-", label=label)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("prefill tokens/s (median)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    plot = savefig(fig, ctx.plot_path("prefill_rate.png"))
+    return Section(TITLE, model=f"{QWEN_CODER_05B.label} and {GEMMA_3_270M.label}", plots=[plot], markdown=(
         "Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (what `make serve` runs) and Gemma 3 270M Q4_K_M (the "
-        "drafter and the test suite's model), each alone in process with the gateway's engine settings "
-        "(f16 KV, n_batch = n_ubatch = 512, all cores), prefilling the first N tokens of this repository's "
-        f"own source in its own vocabulary, then decoding {DECODE_TOKENS} greedy tokens.\n\n" + table
+        "drafter and the test suite's model), each in process with the gateway's engine settings "
+        "(f16 KV, n_batch = n_ubatch = 512, all cores), prefilling this repository's own source in its own "
+        f"vocabulary and then decoding {DECODE_TOKENS} greedy tokens. Each repetition prefills the longest "
+        "prompt once and reads the clock as it passes each size (prefilling the first N tokens is exactly "
+        f"that work); {reps} repetitions, the two models alternating which goes first. Times are median "
+        "(min–max) in seconds; decode is the median after the longest prompt.\n\n" + table
         + "\nWhat the instruct default costs: the ratio column is its prefill time over Gemma's at the same "
-        "prompt length. Session KV reuse means a follow-up turn prefills only its new tokens on either model.\n"
+        "prompt length. Session KV reuse means a follow-up turn prefills only its new tokens on either model.\n\n"
+        "![prefill rate](benchmarks/plots/prefill_rate.png)\n"
     ))

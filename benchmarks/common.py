@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import platform
+import statistics
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -270,6 +271,16 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: st
 
 def pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """A repeated timing as `median (min–max)`; a single sample is shown alone."""
+    if not values:
+        return "n/a"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
 def mean(values: Sequence[float]) -> float | None:

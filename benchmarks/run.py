@@ -1,12 +1,14 @@
 """`make bench`: run the benchmark sections and rewrite BENCHMARKS.md.
 
 Each section is a module `benchmarks/bench_<name>.py` exposing `run(ctx: BenchContext) -> Section`.
-A section's last output is kept in `benchmarks/results/<name>.md`, so `--only` re-runs one section
-without losing the others; BENCHMARKS.md is always the concatenation of the stored sections in
-SECTION_ORDER. A section module that does not exist yet is skipped; one that fails is reported as
-failed in its own section; neither stops the run.
+A section's last output is kept in `benchmarks/results/<name>.md`; BENCHMARKS.md is always the
+concatenation of the stored sections in SECTION_ORDER. Every section is stamped with the commit it
+ran at and whether the tree was clean: a dirty tree is refused unless `--allow-dirty`, which marks
+the sections "not for publication". `--quick` is a smoke run: small sizes, written under
+benchmarks/.cache/quick/, never into BENCHMARKS.md. A full run takes more than an hour on 2 cores,
+so the sections come in named suites (`--suite`), each of which regenerates whole sections.
 
-    .venv/bin/python benchmarks/run.py [--only retention,recall] [--quick] [--sessions N]
+    .venv/bin/python benchmarks/run.py [--suite replay|timing|quality] [--quick] [--allow-dirty]
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import importlib.util
 import logging
 import os
 import shlex
+import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make the project's packages importable
@@ -29,22 +34,63 @@ if str(ROOT) not in sys.path:  # run as a script: make the project's packages im
 
 from benchmarks.common import BenchContext, Section, machine_line
 
-# Fixed order of BENCHMARKS.md. Timing sections (overhead .. load) are written by another module
-# owner; they appear as soon as their module exists.
-SECTION_ORDER = ["retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults"]
+# Fixed order of BENCHMARKS.md: the headline first.
+SECTION_ORDER = ["replay", "retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults"]
+# Named suites, each a set of whole sections; `make bench` runs them all, in this order.
+SUITES = {
+    "replay": ["replay"],
+    "latency": ["overhead", "resume", "ttft", "load", "faults"],
+    "prefill": ["prefill"],
+    "quality": ["retention", "recall", "head"],
+}
 OUTPUT = ROOT / "BENCHMARKS.md"
+QUICK_DIR = ROOT / "benchmarks" / ".cache" / "quick"  # smoke runs: never published
+# What a run itself rewrites: a tree that differs only there is still the commit it says.
+OUTPUT_PATHS = ("BENCHMARKS.md", "benchmarks/results/", "benchmarks/plots/")
+STAMPED = "at commit `"  # in every section's run line (`at {TreeState.stamp}`) since runs are stamped
+LOAD_WAIT_S = 180  # how long a section waits for other work to finish before it is marked
+
+
+@dataclass(frozen=True)
+class TreeState:
+    commit: str  # full SHA, or "unknown" outside a git checkout
+    clean: bool
+
+    @property
+    def stamp(self) -> str:
+        return f"commit `{self.commit[:12]}`, " + ("clean tree" if self.clean else
+                                                 "**dirty tree: not for publication**")
+
+
+def tree_state(root: Path = ROOT) -> TreeState:
+    """The commit the code under test is at, and whether the tree holds changes beyond the
+    benchmark's own outputs."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return TreeState("unknown", False)
+    changed = [line[3:].strip('"') for line in status.splitlines() if line.strip()]
+    return TreeState(commit, all(path.startswith(OUTPUT_PATHS) for path in changed))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", default="", metavar="SUITE[,SUITE]",
+                   help=f"run only these suites (of: {', '.join(SUITES)}); the other sections keep their "
+                        "stored results")
     p.add_argument("--only", default="", metavar="SECTION[,SECTION]",
-                   help=f"run only these sections (of: {', '.join(SECTION_ORDER)}); the others keep "
-                        "their stored results")
-    p.add_argument("--quick", action="store_true", help="small sizes for a smoke run (under 2 minutes)")
+                   help=f"run only these sections (of: {', '.join(SECTION_ORDER)}), for local work")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: small sizes, output under benchmarks/.cache/quick/, not published")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run on a tree with uncommitted changes; its sections say 'not for publication'")
     p.add_argument("--sessions", type=int, default=None, metavar="N",
-                   help="at most N sessions / conversations per section (default: the section's own)")
+                   help="at most N sessions / conversations per section (not the published configuration)")
     p.add_argument("--drafter-sessions", type=int, default=None, metavar="N",
-                   help="at most N cases read by the drafter scorers (default: the section's own subset)")
+                   help="at most N cases read by the drafter scorers (not the published configuration)")
     p.add_argument("--split", choices=["test", "validation", "train"], default="test",
                    help="data split of engine/splits.json (publish test only; tune on validation)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -52,14 +98,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def selected_sections(only: str) -> list[str]:
+def selected_sections(suites: str, only: str) -> list[str]:
+    if suites.strip() and only.strip():
+        raise SystemExit("--suite and --only: choose one")
+    if suites.strip():
+        names = [n.strip() for n in suites.split(",") if n.strip()]
+        unknown = [n for n in names if n not in SUITES]
+        if unknown:
+            raise SystemExit(f"unknown suite(s) {', '.join(unknown)}; known: {', '.join(SUITES)}")
+        chosen = {section for n in names for section in SUITES[n]}
+        return [s for s in SECTION_ORDER if s in chosen]
     if not only.strip():
         return list(SECTION_ORDER)
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTION_ORDER]
     if unknown:
         raise SystemExit(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTION_ORDER)}")
-    return names
+    return [s for s in SECTION_ORDER if s in names]
 
 
 def module_exists(name: str) -> bool:
@@ -80,39 +135,59 @@ def run_section(name: str, ctx: BenchContext) -> tuple[Section, float]:
     return section, time.perf_counter() - started
 
 
-def render_section(name: str, section: Section, command: str, seconds: float, load: float) -> str:
+def quiet_enough(wait_s: float = LOAD_WAIT_S) -> float:
+    """The 1-minute load average once it is at or below the core count, waiting up to `wait_s`
+    for other work to finish; what it is then, if it never gets there."""
+    cores = os.cpu_count() or 1
+    deadline = time.monotonic() + wait_s
+    while os.getloadavg()[0] > cores and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def render_section(name: str, section: Section, command: str, seconds: float, load: float, tree: TreeState,
+                   quick: bool = False) -> str:
     when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    cores = os.cpu_count() or 1
     # The load average says whether other work shared the cores: timings depend on it.
-    run_line = (f"_Produced by `{command}` on {when}; {machine_line()}; load average {load:.1f} when "
-                f"it started; section took {seconds:.0f} s. Model: {section.model}._")
+    busy = (f" **The load average exceeded the {cores} cores when this section started: its timings "
+            "shared the machine.**" if load > cores else "")
+    if quick:
+        busy += " **A `--quick` smoke run: small inputs, not for publication.**"
+    run_line = (f"_Produced by `{command}` at {tree.stamp} on {when}; {machine_line()}; load average "
+                f"{load:.2f} when it started; section took {seconds:.0f} s. Model: {section.model}._{busy}")
     body = section.markdown.strip()
-    return f"<!-- section: {name} -->\n## {section.title}\n\n{run_line}\n\n{body}\n"
+    missing = [p.name for p in section.plots if f"plots/{p.name}" not in body]
+    links = "".join(f"\n\n![{p.stem}](benchmarks/plots/{p.name})" for p in section.plots if p.name in missing)
+    return f"<!-- section: {name} -->\n## {section.title}\n\n{run_line}\n\n{body}{links}\n"
 
 
-def assemble(command: str, total_seconds: float) -> str:
+def assemble(results_dir: Path, command: str, total_seconds: float, tree: TreeState) -> str:
     when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     parts = [
         "# Benchmarks\n",
         ("Generated by `make bench` (`benchmarks/run.py`); every number below is reproduced by the "
-         "command shown under its section's heading. Do not edit by hand: the next run rewrites this "
-         "file. `--quick` runs use small inputs and are smoke tests, not results.\n"),
-        f"- Last written: {when}, by `{command}` ({total_seconds:.0f} s)",
+         "command shown under its section's heading, at the commit it names. Do not edit by hand: "
+         "the next run rewrites this file. Suites: " + "; ".join(
+             f"`make bench ARGS=\"--suite {n}\"` ({', '.join(s)})" for n, s in SUITES.items())
+         + ". `--quick` runs are smoke tests and never land here.\n"),
+        f"- Last written: {when}, by `{command}` at {tree.stamp} ({total_seconds:.0f} s)",
         f"- Machine: {machine_line()}",
-        "- Data: `../shared/data/` (swe-dev.jsonl.zst, mtrag-un-reference.jsonl.zst; see its README)",
-        ("- All sections: `make bench`; one section: `make bench ARGS=\"--only NAME\"`; "
-         "smoke run: `make bench ARGS=\"--quick\"`\n"),
+        "- Data: `../shared/data/` (swe-dev, swe-train, mtrag-un-reference; see its README); published "
+        "numbers use the frozen test split of `engine/splits.json` only\n",
     ]
     missing: list[str] = []
     for name in SECTION_ORDER:
-        stored = ROOT / "benchmarks" / "results" / f"{name}.md"
-        if stored.is_file():
-            parts.append(stored.read_text(encoding="utf-8").rstrip() + "\n")
-        else:
+        stored = results_dir / f"{name}.md"
+        text = stored.read_text(encoding="utf-8") if stored.is_file() else ""
+        if STAMPED in text:
+            parts.append(text.rstrip() + "\n")
+        else:  # never run, or run before sections were stamped: nothing to vouch for it
             missing.append(name)
     if missing:
-        parts.append("## Not measured yet\n\n" + "\n".join(
-            f"- `{n}`: " + ("module present, not run yet" if module_exists(n) else f"`benchmarks/bench_{n}.py` not written yet")
-            for n in missing) + "\n")
+        suite_of = {s: n for n, sections in SUITES.items() for s in sections}
+        parts.append("## Not measured at a stamped commit yet\n\n" + "\n".join(
+            f"- `{n}`: `make bench ARGS=\"--suite {suite_of[n]}\"`" for n in missing) + "\n")
     return "\n".join(parts)
 
 
@@ -120,27 +195,35 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    names = selected_sections(args.only)
+    names = selected_sections(args.suite, args.only)
+    tree = tree_state()
+    if not tree.clean and not (args.allow_dirty or args.quick):
+        print("[bench] the tree has uncommitted changes (outside BENCHMARKS.md and benchmarks/results, "
+              "benchmarks/plots): commit them, or pass --allow-dirty for local work (its sections "
+              "say 'not for publication')", file=sys.stderr)
+        return 2
     command = "make bench" + (f" ARGS={shlex.quote(shlex.join(argv))}" if argv else "")
-    ctx_kwargs = {"quick": args.quick, "sessions": args.sessions, "drafter_sessions": args.drafter_sessions,
-                  "split": args.split}
+    ctx_kwargs: dict[str, Any] = {"quick": args.quick, "sessions": args.sessions,
+                                  "drafter_sessions": args.drafter_sessions, "split": args.split}
     if args.data_dir is not None:
         ctx_kwargs["data_dir"] = args.data_dir.resolve()
+    if args.quick:
+        ctx_kwargs |= {"results_dir": QUICK_DIR / "results", "plots_dir": QUICK_DIR / "plots"}
     ctx = BenchContext(**ctx_kwargs)
-    results_dir = ctx.results_dir
+    output = QUICK_DIR / "BENCHMARKS.md" if args.quick else OUTPUT
     started = time.perf_counter()
-    for name in names:
+    for name in ctx.progress(names, "sections"):
         if not module_exists(name):
-            print(f"[bench] {name}: benchmarks/bench_{name}.py not written yet, skipped", file=sys.stderr)
+            print(f"[bench] {name}: benchmarks/bench_{name}.py not written, skipped", file=sys.stderr)
             continue
-        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        load = os.getloadavg()[0]
+        load = quiet_enough(0 if args.quick else LOAD_WAIT_S)
+        print(f"[bench] {name} (load {load:.2f}) ...", file=sys.stderr, flush=True)
         section, seconds = run_section(name, ctx)
-        (results_dir / f"{name}.md").write_text(render_section(name, section, command, seconds, load),
-                                                encoding="utf-8")
+        (ctx.results_dir / f"{name}.md").write_text(
+            render_section(name, section, command, seconds, load, tree, args.quick), encoding="utf-8")
         print(f"[bench] {name}: {seconds:.1f} s", file=sys.stderr, flush=True)
-    OUTPUT.write_text(assemble(command, time.perf_counter() - started), encoding="utf-8")
-    print(f"[bench] wrote {OUTPUT.relative_to(ROOT)}", file=sys.stderr)
+    output.write_text(assemble(ctx.results_dir, command, time.perf_counter() - started, tree), encoding="utf-8")
+    print(f"[bench] wrote {output}", file=sys.stderr)
     return 0
 
 

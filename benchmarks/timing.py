@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import threading
@@ -145,12 +146,19 @@ def measure_overhead(model: Path, work: Path, turns: int, progress: Progress) ->
 
 # --- resume after restart ------------------------------------------------------------------------
 
+def rotated(paths: Sequence[str], rep: int) -> list[str]:
+    """The paths of one repetition, the first one rotating: no path always runs first."""
+    k = rep % len(paths)
+    return [*paths[k:], *paths[:k]]
+
+
 @dataclass
 class ResumeResult:
     tokens: int
-    full_prefill_s: float
-    resume_s: float
-    restored_from: str
+    full_s: list[float]  # one per repetition
+    warm_s: list[float]  # resumed with the KV file in the page cache
+    cold_s: list[float]  # resumed with the KV file evicted from the page cache
+    restored_from: list[str]
     kv_raw_bytes: int
     kv_zstd_planes_bytes: int
     kv_zstd_plain_bytes: int
@@ -169,7 +177,11 @@ def drop_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx: int, progress: Progress) -> ResumeResult:
+def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx: int, reps: int,
+                   progress: Progress) -> ResumeResult:
+    """Serve `history` once and stop the server (it flushes the session to its store); then, `reps`
+    times and interleaved, time the session's next turn on a new server over a copy of that store
+    (page cache warm, then evicted) and on a server with an empty store (full prefill)."""
     from engine.base import SavedState
     from sessions.record import SessionRecord
     from sessions.store import SessionStore, join_planes
@@ -195,7 +207,7 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     packed = data[start:-4]
     plain = len(zstandard.ZstdCompressor(level=1).compress(raw))
     # Store save/load times on this real state, outside the server.
-    probe = SessionStore(work / "probe-store", "probe", zstd_level=1)
+    probe = SessionStore(work / f"probe-{uuid.uuid4().hex[:8]}", "probe", zstd_level=1)
     record = SessionRecord(session_id=hashlib.sha256(session.encode()).hexdigest(), tenant="")
     state = SavedState(tuple(header["tokens"]), raw)
     probe.save_record(record.to_dict())
@@ -206,25 +218,32 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     probe.load_state(record.session_id)
     load_s = time.perf_counter() - started
 
-    drop_from_page_cache(path / KV)  # resume from a cold disk, not from the copy just read
-    resumed = GatewayProcess(store, *flags)
-    try:
-        resume_s, _headers = ttft_stream(resumed.url, session, follow)
-        restored = re.search(r"KV restored from (\w+)", resumed.log())
-    finally:
-        resumed.stop()
-    progress("resumed")
-    fresh = GatewayProcess(work / f"fresh-{uuid.uuid4().hex[:8]}", *flags)
-    try:
-        full_s, _headers = ttft_stream(fresh.url, session, follow)
-    finally:
-        fresh.stop()
-    progress("full prefill")
+    times: dict[str, list[float]] = {"full": [], "warm": [], "cold": []}
+    restored: list[str] = []
+    for rep in range(reps):
+        for kind in rotated(list(times), rep):
+            target = work / f"{kind}-{uuid.uuid4().hex[:8]}"
+            if kind != "full":  # a copy of the flushed store: every repetition resumes the same state
+                shutil.copytree(store, target)
+                if kind == "cold":
+                    for file in target.rglob("*"):
+                        if file.is_file():
+                            drop_from_page_cache(file)
+            resumed = GatewayProcess(target, *flags)
+            try:
+                elapsed, _headers = ttft_stream(resumed.url, session, follow)
+            finally:
+                resumed.stop()
+                shutil.rmtree(target, ignore_errors=True)
+            times[kind].append(elapsed)
+            if kind != "full":  # a streamed turn's headers leave before its prefill: the log says
+                found = re.search(r"KV restored from (\w+)", resumed.log())
+                restored.append(found.group(1) if found else "none")
+        progress(f"repetition {rep + 1}/{reps}")
     return ResumeResult(
-        tokens=int(first["usage"]["prompt_tokens"]), full_prefill_s=full_s, resume_s=resume_s,
-        restored_from=restored.group(1) if restored else "none", kv_raw_bytes=len(raw),
-        kv_zstd_planes_bytes=len(packed), kv_zstd_plain_bytes=plain, kv_tokens=len(header["tokens"]),
-        store_save_s=save_s, store_load_s=load_s,
+        tokens=int(first["usage"]["prompt_tokens"]), full_s=times["full"], warm_s=times["warm"],
+        cold_s=times["cold"], restored_from=restored, kv_raw_bytes=len(raw), kv_zstd_planes_bytes=len(packed),
+        kv_zstd_plain_bytes=plain, kv_tokens=len(header["tokens"]), store_save_s=save_s, store_load_s=load_s,
     )
 
 
@@ -233,19 +252,18 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
 @dataclass
 class TtftResult:
     tool_tokens: int
-    full_s: float
-    compressed_s: float
+    full_s: list[float]  # one per repetition
+    compressed_s: list[float]
     kept_tokens: int
     scorer: str
-    scorer_s: float
-    prompt_tokens_full: int
-    prompt_tokens_compressed: int
+    scorer_s: list[float]
 
 
-def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str,
+def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str, reps: int,
                  progress: Progress) -> TtftResult:
     """One agent turn whose new tool output is `output`: served whole (threshold out of reach) and
-    compressed (threshold at its default), each on a fresh gateway, scorer time included."""
+    compressed (threshold at its default), each on a fresh gateway, scorer time included, `reps`
+    times, interleaved."""
     messages = [
         {"role": "system", "content": "You are a software engineering agent."},
         {"role": "user", "content": request},
@@ -254,27 +272,34 @@ def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int,
         {"role": "tool", "tool_call_id": "call_1", "content": output},
     ]
     common = ("--model", str(model), "--drafter", str(model), "--n-ctx", str(n_ctx), "--scorer", scorer)
-    results: dict[str, tuple[float, httpx.Headers, int]] = {}
-    for label, extra in (("compressed", ("--threshold", "16384")), ("full", ("--threshold", "1000000000"))):
-        server = GatewayProcess(work / f"ttft-{label}-{uuid.uuid4().hex[:8]}", *common, *extra)
-        try:
-            elapsed, headers = ttft_stream(server.url, "ttft", messages)
-            usage = httpx.get(f"{server.url}/v1/sessions/ttft").json()
-            results[label] = (elapsed, headers, int(usage.get("counters", {}).get("prompt_tokens", 0)))
-        finally:
-            server.stop()
-        progress(label)
-    headers = results["compressed"][1]
+    flags = {"compressed": ("--threshold", "16384"), "full": ("--threshold", "1000000000")}
+    times: dict[str, list[float]] = {"compressed": [], "full": []}
+    scorer_s: list[float] = []
+    headers = httpx.Headers()
+    for rep in range(reps):
+        for label in rotated(list(times), rep):
+            server = GatewayProcess(work / f"ttft-{label}-{uuid.uuid4().hex[:8]}", *common, *flags[label])
+            try:
+                elapsed, got = ttft_stream(server.url, "ttft", messages)
+            finally:
+                server.stop()
+                shutil.rmtree(server.store, ignore_errors=True)
+            times[label].append(elapsed)
+            if label == "compressed":
+                headers = got
+                scorer_s.append(float(got.get("X-PFlash-Scorer-Ms", 0)) / 1000)
+        progress(f"repetition {rep + 1}/{reps}")
     return TtftResult(
-        tool_tokens=int(headers.get("X-PFlash-Original-Tokens", 0)),
-        full_s=results["full"][0], compressed_s=results["compressed"][0],
-        kept_tokens=int(headers.get("X-PFlash-Kept-Tokens", 0)), scorer=headers.get("X-PFlash-Scorer", scorer),
-        scorer_s=float(headers.get("X-PFlash-Scorer-Ms", 0)) / 1000,
-        prompt_tokens_full=results["full"][2], prompt_tokens_compressed=results["compressed"][2],
+        tool_tokens=int(headers.get("X-PFlash-Original-Tokens", 0)), full_s=times["full"],
+        compressed_s=times["compressed"], kept_tokens=int(headers.get("X-PFlash-Kept-Tokens", 0)),
+        scorer=headers.get("X-PFlash-Scorer", scorer), scorer_s=scorer_s,
     )
 
 
-# --- load: concurrent sessions -------------------------------------------------------------------
+# --- load: concurrent sessions that move state ---------------------------------------------------
+
+_RESTORED = re.compile(r"KV restored from (\w+) \((\d+) tokens, ([\d.]+) MB\)")
+
 
 @dataclass
 class LoadResult:
@@ -283,23 +308,41 @@ class LoadResult:
     errors: int
     seconds: float
     latencies_ms: list[float]
+    restored_mb: dict[str, float]  # state moved back into the context, by tier it came from
 
 
-def measure_load(url: str, sessions: int, turns: int) -> LoadResult:
-    """`sessions` clients, each running `turns` short cached turns of its own session at once."""
+def restored_since(log: str, offset: int) -> dict[str, float]:
+    """MB of session state restored into the context since `offset` of a gateway's log, by tier."""
+    moved: dict[str, float] = {}
+    for tier, _tokens, mb in _RESTORED.findall(log[offset:]):
+        moved[tier] = moved.get(tier, 0.0) + float(mb)
+    return moved
+
+
+def prepare_sessions(url: str, histories: list[list[dict[str, str]]], run: str) -> list[list[dict[str, str]]]:
+    """Serve each history once (its full prefill), so later turns find a state to restore."""
+    out = []
+    for index, history in enumerate(histories):
+        _t, body, _h = chat(url, f"load-{run}-{index}", history, max_tokens=2)
+        out.append([*history, {"role": "assistant", "content": body["choices"][0]["message"]["content"] or ""}])
+    return out
+
+
+def measure_load(server: GatewayProcess, histories: list[list[dict[str, str]]], run: str, turns: int) -> LoadResult:
+    """One client per history, each taking `turns` short turns of its own session at once; with
+    more than one, every turn switches the engine to another session's state. The histories are
+    extended in place with what was served."""
     latencies: list[float] = []
     errors = 0
     lock = threading.Lock()
 
-    run = uuid.uuid4().hex[:8]
-
     def client(index: int) -> None:
         nonlocal errors
-        history = [{"role": "system", "content": "You are a helpful assistant. " * 10}]
+        history = list(histories[index])
         for turn in range(turns):
-            history.append({"role": "user", "content": f"Client {index}, turn {turn}: say ok."})
+            history.append({"role": "user", "content": f"Turn {turn}: what is the next step? One line."})
             try:
-                elapsed, body, _headers = chat(url, f"load-{run}-{index}", history, max_tokens=2, timeout=300)
+                elapsed, body, _headers = chat(server.url, f"load-{run}-{index}", history, max_tokens=4, timeout=900)
                 history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"] or ""})
                 with lock:
                     latencies.append(elapsed * 1000)
@@ -307,14 +350,18 @@ def measure_load(url: str, sessions: int, turns: int) -> LoadResult:
                 with lock:
                     errors += 1
                 history.pop()
+        histories[index] = history  # the session as served: the next level goes on from it
 
+    offset = len(server.log())
     started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(histories))]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(600)
-    return LoadResult(sessions, sessions * turns, errors, time.perf_counter() - started, latencies)
+        thread.join(1800)
+    seconds = time.perf_counter() - started
+    return LoadResult(len(histories), len(histories) * turns, errors, seconds, latencies,
+                      restored_since(server.log(), offset))
 
 
 def summary_ms(values: Sequence[float]) -> tuple[float, float]:

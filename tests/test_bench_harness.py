@@ -1,0 +1,133 @@
+"""`make bench`'s harness: every section stamped with its commit and tree state, a dirty tree
+refused unless asked, smoke runs kept out of BENCHMARKS.md, suites that cover every section."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from benchmarks import run as bench_run
+from benchmarks.common import Section, spread
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@example.com")
+    git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "BENCHMARKS.md").write_text("old\n")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "a.md").write_text("old\n")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "init")
+    return tmp_path
+
+
+def test_a_committed_tree_is_clean_and_names_its_commit(repo: Path) -> None:
+    state = bench_run.tree_state(repo)
+    assert state.clean
+    assert state.commit == git(repo, "rev-parse", "HEAD").strip()
+    assert state.commit[:12] in state.stamp and "clean tree" in state.stamp
+
+
+def test_the_benchmarks_own_outputs_do_not_make_a_tree_dirty(repo: Path) -> None:
+    (repo / "BENCHMARKS.md").write_text("new\n")
+    (repo / "benchmarks" / "results" / "a.md").write_text("new\n")
+    (repo / "benchmarks" / "plots").mkdir()
+    (repo / "benchmarks" / "plots" / "p.png").write_bytes(b"png")
+    assert bench_run.tree_state(repo).clean
+
+
+@pytest.mark.parametrize("change", ["edit", "untracked", "staged"])
+def test_code_changes_make_a_tree_dirty(repo: Path, change: str) -> None:
+    if change == "edit":
+        (repo / "code.py").write_text("x = 2\n")
+    elif change == "untracked":
+        (repo / "new_module.py").write_text("y = 1\n")
+    else:
+        (repo / "code.py").write_text("x = 3\n")
+        git(repo, "add", "code.py")
+    state = bench_run.tree_state(repo)
+    assert not state.clean
+    assert "not for publication" in state.stamp
+
+
+def test_outside_a_git_checkout_the_tree_is_not_clean(tmp_path: Path) -> None:
+    state = bench_run.tree_state(tmp_path)
+    assert not state.clean and state.commit == "unknown"
+
+
+def test_a_dirty_tree_is_refused_and_nothing_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    output = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(bench_run, "OUTPUT", output)
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("abc", False))
+    assert bench_run.main(["--only", "faults"]) == 2
+    assert not output.exists()
+
+
+def fake_section(monkeypatch: pytest.MonkeyPatch, markdown: str, plots: list[Path]) -> None:
+    module = types.ModuleType("benchmarks.bench_fake")
+    module.run = lambda ctx: Section("Fake", markdown, plots)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_fake", module)
+    monkeypatch.setattr(bench_run, "SECTION_ORDER", ["fake"])
+    monkeypatch.setattr(bench_run, "module_exists", lambda name: name == "fake")
+
+
+def test_a_quick_run_stays_out_of_benchmarks_md(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    output, quick = tmp_path / "BENCHMARKS.md", tmp_path / "quick"
+    monkeypatch.setattr(bench_run, "OUTPUT", output)
+    monkeypatch.setattr(bench_run, "QUICK_DIR", quick)
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("f" * 40, False))
+    fake_section(monkeypatch, "| a |\n", [])
+    assert bench_run.main(["--quick", "--only", "fake"]) == 0
+    assert not output.exists()
+    written = (quick / "BENCHMARKS.md").read_text()
+    assert "## Fake" in written and "not for publication" in written and "--quick" in written
+
+
+def test_a_clean_run_stamps_every_section_and_links_every_plot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    output = tmp_path / "BENCHMARKS.md"
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(bench_run, "OUTPUT", output)
+    monkeypatch.setattr(bench_run, "LOAD_WAIT_S", 0)
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("a1b2c3d4e5f6" + "0" * 28, True))
+    real_context = bench_run.BenchContext
+    monkeypatch.setattr(bench_run, "BenchContext",
+                        lambda **kw: real_context(**kw, results_dir=results, plots_dir=tmp_path, model_error="none"))
+    fake_section(monkeypatch, "body\n", [tmp_path / "fake_plot.png"])
+    assert bench_run.main([]) == 0
+    text = output.read_text()
+    assert "commit `a1b2c3d4e5f6`, clean tree" in text
+    assert text.count("commit `a1b2c3d4e5f6`") == 2  # the header and the one section
+    assert "(benchmarks/plots/fake_plot.png)" in text
+
+
+def test_a_busy_machine_is_marked_under_the_section() -> None:
+    tree = bench_run.TreeState("0" * 40, True)
+    quiet = bench_run.render_section("x", Section("X", "b"), "make bench", 1.0, 0.1, tree)
+    busy = bench_run.render_section("x", Section("X", "b"), "make bench", 1.0, 99.0, tree)
+    assert "exceeded" not in quiet and "exceeded" in busy
+
+
+def test_suites_cover_every_section_once() -> None:
+    listed = [s for sections in bench_run.SUITES.values() for s in sections]
+    assert sorted(listed) == sorted(bench_run.SECTION_ORDER)
+    assert bench_run.selected_sections("replay", "") == ["replay"]
+    with pytest.raises(SystemExit):
+        bench_run.selected_sections("nope", "")
+
+
+def test_spread_shows_median_and_range() -> None:
+    assert spread([3.0, 1.0, 2.0, 10.0, 2.5]) == "2.50 (1.00–10.00)"
+    assert spread([4.0]) == "4.00"
+    assert spread([]) == "n/a"
