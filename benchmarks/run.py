@@ -35,12 +35,14 @@ if str(ROOT) not in sys.path:  # run as a script: make the project's packages im
 from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md: the headline first.
-SECTION_ORDER = ["replay", "retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults"]
+SECTION_ORDER = ["replay", "retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults",
+                 "durability"]
 # Named suites, each a set of whole sections; `make bench` runs them all, in this order.
 SUITES = {
     "replay": ["replay"],
     "latency": ["overhead", "resume", "ttft", "load", "faults"],
     "prefill": ["prefill"],
+    "durability": ["durability"],
     "quality": ["retention", "recall", "head"],
 }
 OUTPUT = ROOT / "BENCHMARKS.md"
