@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import BenchContext, Section, load_jsonl_zst, md_table, pyplot, savefig, spread
+from benchmarks.common import BenchContext, Section, coding_sessions, md_table, pyplot, savefig, spread
 from benchmarks.timing import agent_history, chat, measure_load, percentile, prepare_sessions
 from gateway.process import GatewayProcess
 
@@ -55,12 +55,9 @@ def watch_health(url: str, stop: threading.Event, out: list[float]) -> None:
 
 
 def run(ctx: BenchContext) -> Section:
-    if ctx.model_path is None:
-        return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")
-    data = ctx.data_file("swe-dev.jsonl.zst")
-    if data is None:
-        return Section(TITLE, "Skipped: ../shared/data/swe-dev.jsonl.zst is missing.")
-    sessions = load_jsonl_zst(data)
+    sessions = coding_sessions(ctx, TITLE)
+    if isinstance(sessions, Section):
+        return sessions
     history_tokens, clients, turns, many = (1024, 2, 2, 50) if ctx.quick else (16384, 4, 3, 1000)
     work = ctx.cache_dir / "work" / f"durability-{uuid.uuid4().hex[:8]}"
     run_id = uuid.uuid4().hex[:8]
