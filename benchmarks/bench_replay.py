@@ -53,7 +53,7 @@ def run(ctx: BenchContext) -> Section:
         targets.append(GatewayTarget(GATEWAY, work / f"gw-{os.getpid()}", flags))
         targets.append(LlamaServerTarget(model, n_ctx, work, threads))
         targets.append(GatewayTarget(UNCOMPRESSED, work / f"raw-{os.getpid()}", (*flags, "--threshold", "1000000000")))
-        targets.append(FloorTarget(model, n_ctx, len(chosen), threads))
+        targets.append(FloorTarget(model, n_ctx, threads))
         bar = ctx.progress(range(turns * len(chosen) + 1), "replay", total=turns * len(chosen) + 1)
         ticks = iter(bar)
         result = replay(chosen, turns, targets, restart_after, max_tokens, lambda _m: next(ticks, None))
