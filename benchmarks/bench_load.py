@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import uuid
 
-from benchmarks.common import BenchContext, Section, load_jsonl_zst, md_table, pyplot, savefig
+from benchmarks.common import BenchContext, Section, coding_sessions, md_table, pyplot, savefig
 from benchmarks.timing import agent_history, measure_load, prepare_sessions, summary_ms
 from gateway.process import GatewayProcess
 
@@ -14,12 +14,9 @@ TITLE = "Load that moves session state"
 
 
 def run(ctx: BenchContext) -> Section:
-    if ctx.model_path is None:
-        return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")
-    data = ctx.data_file("swe-dev.jsonl.zst")
-    if data is None:
-        return Section(TITLE, "Skipped: ../shared/data/swe-dev.jsonl.zst is missing.")
-    sessions = load_jsonl_zst(data)
+    sessions = coding_sessions(ctx, TITLE)
+    if isinstance(sessions, Section):
+        return sessions
     levels, history_tokens, turns = ([1, 2], 1024, 2) if ctx.quick else ([1, 4, 8], 8192, 4)
     histories = [agent_history(sessions[3 * i:], history_tokens, ctx.count_tokens) for i in range(max(levels))]
     store = ctx.cache_dir / "work" / f"load-{uuid.uuid4().hex[:8]}"

@@ -46,6 +46,7 @@ THETAS = (0.0, 0.3, 0.4, 0.45, 0.5, 1.0)  # peak share (policies/recall.py); 0.4
 DEFAULT_THETA = 0.45
 SCORERS = ("bm25", "embed", "hybrid")
 GOAL = 0.95
+FOLLOWUP_CONVERSATIONS = 6  # timed on live gateways: each costs two compressed first turns
 CALL_ID = "call_search"
 LABEL = f"the output of search({CALL_ID})"  # what gateway.turns._source_label would write
 
@@ -293,7 +294,38 @@ def run(ctx: BenchContext) -> Section:
                 break
             replay_one(rep, ctx.count_tokens, memo, settings, result)
     md, plots = _report(ctx, replays, skipped, results, notes, target, build_seconds, settings)
+    if ctx.model_path is not None:
+        from benchmarks.followup_timing import measure_followups
+
+        sample = replays[: 1 if ctx.quick else FOLLOWUP_CONVERSATIONS]
+        timed = measure_followups(ctx.model_path, ctx.cache_dir / "work", sample, 2048 if ctx.quick else settings.threshold)
+        md += "\n" + followup_report(timed)
     return Section(TITLE, md, plots)
+
+
+def followup_report(timed: Any) -> str:
+    """The follow-up time table: the gate's cost in seconds a user waits, not only in tokens."""
+    from benchmarks.common import spread
+    from benchmarks.followup_timing import GATE_OFF, GATE_ON
+
+    on, off = timed.seconds[GATE_ON], timed.seconds[GATE_OFF]
+    fired = [s for s, f in zip(on, timed.fired) if f]
+    quiet = [s for s, f in zip(on, timed.fired) if not f]
+    paired_fired = [s for s, f in zip(off, timed.fired) if f]
+    rows = [["gate off (warm follow-up)", len(off), spread(off)],
+            [f"gate on (θ = {DEFAULT_THETA})", len(on), spread(on)],
+            ["gate on, follow-ups where it fired", len(fired), spread(fired)],
+            ["gate off, the same follow-ups", len(paired_fired), spread(paired_fired)],
+            ["gate on, follow-ups where it stayed quiet", len(quiet), spread(quiet)]]
+    extra = f"; it brought back {spread([float(t) for t in timed.recalled_tokens], 0)} tokens each" if fired else ""
+    return (
+        f"Follow-ups in time, on live gateways (Gemma 3 270M, default settings): the first {timed.conversations} "
+        "conversations, each sent to a gateway with the gate at its default θ and to one with the gate off "
+        "(the first of the two alternating). The first turn (compression) is not timed; each follow-up is timed "
+        f"to its first streamed token, median (min–max) in seconds. The gate fired on {len(fired)} of {len(on)} "
+        f"follow-ups{extra}.\n\n"
+        + md_table(["follow-ups", "n", "time to first token s"], rows)
+    )
 
 
 def _report(ctx: BenchContext, replays: list[Replay], skipped: dict[str, int], results: dict[str, ScorerResult],

@@ -53,7 +53,7 @@ def run(ctx: BenchContext) -> Section:
         targets.append(GatewayTarget(GATEWAY, work / f"gw-{os.getpid()}", flags))
         targets.append(LlamaServerTarget(model, n_ctx, work, threads))
         targets.append(GatewayTarget(UNCOMPRESSED, work / f"raw-{os.getpid()}", (*flags, "--threshold", "1000000000")))
-        targets.append(FloorTarget(model, n_ctx, len(chosen), threads))
+        targets.append(FloorTarget(model, n_ctx, threads))
         bar = ctx.progress(range(turns * len(chosen) + 1), "replay", total=turns * len(chosen) + 1)
         ticks = iter(bar)
         result = replay(chosen, turns, targets, restart_after, max_tokens, lambda _m: next(ticks, None))
@@ -117,6 +117,16 @@ def render(ctx: BenchContext, result: Replay, turns: int, max_tokens: int) -> st
     ]
     ok, had = reused_previous_prompt(result.of(GATEWAY))
     verdicts.append(f"{ok} of {had} gateway turns reused all of their previous prompt")
+    # How much of the difference is the restart: a server that keeps its cache only in RAM
+    # prefills every session in full after it.
+    phases = []
+    for label, keep in (("before the restart", lambda t: t < result.restart_after),
+                        ("the first round after it", lambda t: t == result.restart_after),
+                        ("the rounds after that", lambda t: t > result.restart_after)):
+        g = sum(r.ttft_s for r in result.of(GATEWAY) if keep(r.turn))
+        b = sum(r.ttft_s for r in result.of(LlamaServerTarget.name) if keep(r.turn))
+        phases.append(f"{label} {g:.1f} s against {b:.1f} s ({g / b:.2f}×)" if b else f"{label}: none")
+    verdicts.append("the gateway's wait against llama_cpp.server's " + ", ".join(phases))
     return (
         f"{len(result.sessions)} real mini-swe-agent sessions of the frozen test split (one per repository, "
         f"seeded), their first {turns} turns each, replayed round-robin (three agents on one workstation). "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import BenchContext, Section, load_jsonl_zst, md_table, pyplot, savefig, spread
+from benchmarks.common import BenchContext, Section, coding_sessions, md_table, plot_repeated, pyplot, savefig, spread
 from benchmarks.timing import ResumeResult, agent_history, measure_resume
 
 TITLE = "Session resume after restart"
@@ -13,12 +13,9 @@ REPS = 5
 
 
 def run(ctx: BenchContext) -> Section:
-    if ctx.model_path is None:
-        return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")
-    data = ctx.data_file("swe-dev.jsonl.zst")
-    if data is None:
-        return Section(TITLE, "Skipped: ../shared/data/swe-dev.jsonl.zst is missing.")
-    sessions = load_jsonl_zst(data)
+    sessions = coding_sessions(ctx, TITLE)
+    if isinstance(sessions, Section):
+        return sessions
     sizes, reps = ([2048], 2) if ctx.quick else ([4096, 16384], REPS)
     results: list[ResumeResult] = []
     for size in ctx.progress(sizes, "resume"):
@@ -40,10 +37,7 @@ def run(ctx: BenchContext) -> Section:
     xs = [r.tokens for r in results]
     for label, pick in (("full prefill", "full_s"), ("resume, cold page cache", "cold_s"),
                         ("resume, warm page cache", "warm_s")):
-        values = [getattr(r, pick) for r in results]
-        med = [statistics.median(v) for v in values]
-        ax.errorbar(xs, med, yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
-                    fmt="o-", capsize=3, label=label)
+        plot_repeated(ax, xs, [getattr(r, pick) for r in results], label)
     ax.set_xlabel("session history (tokens)")
     ax.set_ylabel("time to first token (s), median, min–max")
     ax.set_yscale("log")

@@ -68,6 +68,12 @@ class Case:
     def label(self) -> str:
         return f"{self.output.kind.replace('_', ' ')}, {self.request}"
 
+    @property
+    def request_text(self) -> str:
+        """What the request says, where a verbatim gold line would be named."""
+        o = self.output
+        return "\n".join((o.task, o.thought, o.command)) if self.request == "agent turn" else o.task
+
 
 @dataclass
 class Outcome:
@@ -75,6 +81,10 @@ class Outcome:
     served_share: float  # original tokens shown / total (1.0 when served whole)
     compressed: bool
     reason: str
+    # Gold counted per occurrence (a gold line may appear several times), split by whether the
+    # request names the line verbatim (finding those is easy) or not: (shown, all) each.
+    named: tuple[int, int] = (0, 0)
+    unnamed: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -105,6 +115,25 @@ def retention_of(case: Case, visible: Sequence[tuple[int, int]]) -> float:
     o = case.output
     shown = {gold_key(o.lines[i]) for a, b in visible for i in range(a, b + 1) if o.own[i]}
     return len(o.gold & shown) / len(o.gold)
+
+
+def occurrences_of(case: Case, visible: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Gold occurrences shown and present, (named verbatim by the request, not named)."""
+    o = case.output
+    shown = {i for a, b in visible for i in range(a, b + 1)}
+    request = case.request_text
+    counts = {True: [0, 0], False: [0, 0]}
+    for i, line in enumerate(o.lines):
+        if o.own[i] and gold_key(line) in o.gold:
+            named = line.strip() in request
+            counts[named][0] += i in shown
+            counts[named][1] += 1
+    return (counts[True][0], counts[True][1]), (counts[False][0], counts[False][1])
+
+
+def outcome(case: Case, visible: Sequence[tuple[int, int]], share: float, compressed: bool, reason: str) -> Outcome:
+    named, unnamed = occurrences_of(case, visible)
+    return Outcome(retention_of(case, visible), share, compressed, reason, named, unnamed)
 
 
 def head_tail(case: Case, budget: int) -> list[tuple[int, int]]:
@@ -146,8 +175,7 @@ def run_scorer(case: Case, count: Any, memo: MemoScorer, settings: Any, keys: Se
             counter.warm = True
         visible = plan.kept_ranges if plan.compressed else [(0, len(case.line_tokens) - 1)]
         share = plan.kept_tokens / case.tokens if plan.compressed and case.tokens else 1.0
-        result.outcomes.setdefault(key, []).append(Outcome(retention_of(case, visible), share, plan.compressed,
-                                                           plan.reason))
+        result.outcomes.setdefault(key, []).append(outcome(case, visible, share, plan.compressed, plan.reason))
 
 
 def bootstrap(values: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -160,6 +188,21 @@ def bootstrap(values: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[fl
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, len(v), (n, len(v)))].mean(axis=1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def pooled_cell(pairs: Sequence[tuple[int, int]], n: int = 2000, seed: int = 0) -> str:
+    """Σ shown / Σ present over outputs, with a bootstrap 95 % interval resampling outputs."""
+    import numpy as np
+
+    kept = np.asarray([p[0] for p in pairs if p[1]], dtype=float)
+    total = np.asarray([p[1] for p in pairs if p[1]], dtype=float)
+    if not len(total):
+        return "n/a"
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(total), (n, len(total)))
+    ratios = kept[pick].sum(axis=1) / total[pick].sum(axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return f"{pct(kept.sum() / total.sum())} ({pct(lo, 0)}–{pct(hi, 0)}) of {int(total.sum())}"
 
 
 def _ci_cell(values: Sequence[float]) -> str:
@@ -207,7 +250,7 @@ def run(ctx: BenchContext) -> Section:
             for name, ranges in (("head+tail", head_tail(case, budget)), ("random", random_units(case, budget, units, ctx.seed))):
                 kept = sum(sum(case.line_tokens[a : b + 1]) for a, b in ranges)
                 results[name].outcomes.setdefault(key, []).append(
-                    Outcome(retention_of(case, ranges), kept / max(case.tokens, 1), True, "baseline"))
+                    outcome(case, ranges, kept / max(case.tokens, 1), True, "baseline"))
     heavy_limit = ctx.drafter_sessions if ctx.drafter_sessions is not None else (1 if ctx.quick else 6)
     for name in (*LIGHT, *HEAVY):
         heavy = name in HEAVY
@@ -267,6 +310,15 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     out.append("Share of gold lines kept (outputs as serving sees them; served-whole outputs count as kept):\n")
     out.append(md_table(["method", "outputs", "curve budget", "15 %", "27 % (95 % CI)", "40 %", "served whole at 27 %"],
                         rows))
+    occ_rows = []
+    for name in [*light, *BASELINES]:
+        got = [o for i in serving if (o := results[name].outcomes["0.27"][i]) is not None]
+        occ_rows.append([name, pooled_cell([(o.named[0] + o.unnamed[0], o.named[1] + o.unnamed[1]) for o in got]),
+                         pooled_cell([o.named for o in got]), pooled_cell([o.unnamed for o in got])])
+    out.append("\nGold counted per occurrence at 27 % (a line that appears three times counts three times), and "
+               "apart for the occurrences whose line the request itself names verbatim (the easy ones: any "
+               "lexical scorer finds them) and the rest. Shares of all occurrences, intervals resampling outputs:\n")
+    out.append(md_table(["method", "all occurrences (95 % CI) of n", "named in the request", "not named"], occ_rows))
     by_rows = []
     for label, idx in groups.items():
         for name in [*light, "head+tail"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmarks.common import BenchContext, Section, load_jsonl_zst, md_table, pyplot, savefig, spread
+from benchmarks.common import BenchContext, Section, coding_sessions, md_table, plot_repeated, pyplot, savefig, spread
 from benchmarks.timing import TtftResult, measure_ttft
 
 TITLE = "Time to first token with compression"
@@ -32,12 +32,9 @@ def terminal_log(sessions: list[dict[str, Any]], target_tokens: int, count: Any)
 
 
 def run(ctx: BenchContext) -> Section:
-    if ctx.model_path is None:
-        return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")
-    data = ctx.data_file("swe-dev.jsonl.zst")
-    if data is None:
-        return Section(TITLE, "Skipped: swe-dev data missing.")
-    sessions = load_jsonl_zst(data)
+    sessions = coding_sessions(ctx, TITLE)
+    if isinstance(sessions, Section):
+        return sessions
     sizes, reps = ([17000], 2) if ctx.quick else ([17000], REPS)
     results: list[TtftResult] = []
     for size in ctx.progress(sizes, "ttft sizes"):
@@ -52,10 +49,7 @@ def run(ctx: BenchContext) -> Section:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [r.tool_tokens for r in results]
     for label, pick in (("full prefill", "full_s"), ("compressed (bm25)", "compressed_s")):
-        values = [getattr(r, pick) for r in results]
-        med = [statistics.median(v) for v in values]
-        ax.errorbar(xs, med, yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
-                    fmt="o-", capsize=3, label=label)
+        plot_repeated(ax, xs, [getattr(r, pick) for r in results], label)
     ax.set_xlabel("new tool output (tokens)")
     ax.set_ylabel("time to first token (s), median, min–max")
     ax.legend()

@@ -160,6 +160,17 @@ class BenchContext:
 # --- data ----------------------------------------------------------------------------------------
 
 
+def coding_sessions(ctx: BenchContext, title: str) -> list[dict[str, Any]] | Section:
+    """The swe-dev sessions a timed section stitches its histories from, or the Section saying
+    why it cannot run (no model, no data)."""
+    if ctx.model_path is None:
+        return Section(title, f"Skipped: no model ({ctx.model_error}).")
+    data = ctx.data_file("swe-dev.jsonl.zst")
+    if data is None:
+        return Section(title, "Skipped: ../shared/data/swe-dev.jsonl.zst is missing.")
+    return load_jsonl_zst(data)
+
+
 # One loader and one seeded fraction for benchmarks and `train-head` alike (engine.agent_data).
 from engine.agent_data import load_jsonl_zst, stable_fraction  # noqa: E402,F401
 
@@ -325,6 +336,13 @@ def machine_line() -> str:
     m = machine_info()
     return (f"{m['cores']} cores, {m['cpu']}, {m['memory']} RAM, Python {m['python']}, "
             f"llama-cpp-python {m['llama_cpp_python']}")
+
+
+def plot_repeated(ax: Any, xs: Sequence[float], repeated: Sequence[Sequence[float]], label: str) -> None:
+    """One line of medians with min–max bars: a repeated timing per x."""
+    med = [statistics.median(v) for v in repeated]
+    ax.errorbar(xs, med, yerr=[[m - min(v) for m, v in zip(med, repeated)], [max(v) - m for m, v in zip(med, repeated)]],
+                fmt="o-", capsize=3, label=label)
 
 
 def savefig(fig: Any, path: Path) -> Path:

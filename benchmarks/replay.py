@@ -8,7 +8,7 @@ servers take turns going first, so a slow minute of the machine does not fall on
 
 Servers: the gateway (`GatewayTarget`), llama-cpp-python's own OpenAI server with its prompt cache
 (`LlamaServerTarget`), and the floor (`FloorTarget`): llama-cpp-python called in-process, one
-context per session, prefilling only each turn's new tokens; no server can wait less than that.
+context per session, prefilling only each turn's new tokens: what those tokens alone cost.
 """
 
 from __future__ import annotations
@@ -178,10 +178,9 @@ class FloorTarget:
 
     name = "floor (new tokens only)"
 
-    def __init__(self, model: Path, n_ctx: int, sessions: int, threads: int) -> None:
+    def __init__(self, model: Path, n_ctx: int, threads: int) -> None:
         self._make = lambda: _floor_context(model, n_ctx, threads)
         self._contexts: dict[int, Any] = {}
-        self._sessions = sessions
 
     def turn(self, session: int, turn: int, messages: list[dict[str, str]], max_tokens: int) -> TurnResult:
         from policies.conversation import Message

@@ -47,12 +47,44 @@ class UpstreamOptions:
     timeout: float = 600.0
     retries: int = 2
     n_ctx: int | None = None  # None: ask the upstream (/v1/models max_model_len, /props n_ctx)
+    multimodal: bool = False  # images go on as image_url parts, not as their placeholders
 
 
-def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+def with_images(message: Message) -> str | list[dict[str, Any]]:
+    """A message's content with each image placeholder replaced by the image, as OpenAI content
+    parts; the text alone when no placeholder is left (compression may have dropped it)."""
+    parts: list[dict[str, Any]] = []
+    rest = message.content
+    for image in message.attachments:
+        before, found, after = rest.partition(image.placeholder)
+        if not found:
+            continue
+        if before:
+            parts.append({"type": "text", "text": before})
+        parts.append({"type": "image_url", "image_url": {"url": image.url}})
+        rest = after
+    if not parts:
+        return message.content
+    if rest:
+        parts.append({"type": "text", "text": rest})
+    return parts
+
+
+def _tool_images(messages: Sequence[Message]) -> dict[str, Any] | None:
+    """The images of a run of tool results, as the user turn that follows them: OpenAI tool
+    messages are text only, and a user turn between two results would split the run."""
+    parts = [{"type": "image_url", "image_url": {"url": a.url}}
+             for m in messages for a in m.attachments if a.placeholder in m.content]
+    if not parts:
+        return None
+    return {"role": "user", "content": [{"type": "text", "text": "The images of the tool results above:"}, *parts]}
+
+
+def to_openai_messages(messages: Sequence[Message], multimodal: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for m in messages:
-        item: dict[str, Any] = {"role": m.role, "content": m.content}
+    for i, m in enumerate(messages):
+        content = with_images(m) if multimodal and m.role == "user" and m.attachments else m.content
+        item: dict[str, Any] = {"role": m.role, "content": content}
         if m.tool_calls:
             item["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -62,6 +94,13 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         if m.role == "tool":
             item["tool_call_id"] = m.tool_call_id
         out.append(item)
+        if multimodal and m.role == "tool" and (i + 1 == len(messages) or messages[i + 1].role != "tool"):
+            run = i
+            while run > 0 and messages[run - 1].role == "tool":
+                run -= 1
+            images = _tool_images(messages[run : i + 1])
+            if images is not None:
+                out.append(images)
     return out
 
 
@@ -198,7 +237,7 @@ class UpstreamEngine:
         room = max(1, self.n_ctx - prompt.n_tokens)
         body: dict[str, Any] = {
             "model": self._opts.model or self.model_id,
-            "messages": to_openai_messages(prompt.messages),
+            "messages": to_openai_messages(prompt.messages, self._opts.multimodal),
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,

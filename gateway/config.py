@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     upstream_timeout: float = Field(600.0, gt=0, description="Upstream request timeout in seconds.")
     upstream_retries: int = Field(2, ge=0, description="Retries on upstream connect errors.")
     upstream_n_ctx: int | None = Field(None, ge=256, description="Upstream context size (default: asked from the upstream).")
+    upstream_multimodal: bool = Field(
+        False, description="The upstream model reads images: send clients' images on as image_url parts "
+        "instead of their text placeholders (tool results keep the placeholder: OpenAI tool messages are text).")
     tokenizer: str | None = Field(
         None, description="Token counting without a local target: a GGUF path (vocabulary only) or "
         "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the vocabulary of --model.",

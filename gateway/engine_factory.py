@@ -68,5 +68,6 @@ def _build_upstream(settings: Settings) -> Engine:
         timeout=settings.upstream_timeout,
         retries=settings.upstream_retries,
         n_ctx=settings.upstream_n_ctx,
+        multimodal=settings.upstream_multimodal,
     )
     return UpstreamEngine(options, count, name)

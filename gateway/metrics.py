@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gateway.loop_probe import lag_probe_ctx
 from gateway.state import APP_STATE, AppState
 from gateway.ui import is_ui_path
 
@@ -51,6 +52,7 @@ _ROUTE_API = {
 
 # Seconds. Short cached turns land in the first buckets, long cold prefills (CPU) in the last.
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 def api_label(path: str) -> str:
@@ -78,6 +80,9 @@ class GatewayMetrics:
                               "Time from request arrival to the first generated text or tool-call event, by API "
                               "(parsing, queueing, compression scoring and prefill included).",
                               ["api"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram("pflash_event_loop_lag_seconds",
+                                  "How late a 10 ms timer on the event loop fired: time the loop was blocked.",
+                                  buckets=_LAG_BUCKETS, registry=self.registry)
         self.registry.register(StatsCollector(state))
         ProcessCollector(registry=self.registry)  # RSS, CPU, fds: what "memory bounded" is judged on
 
@@ -128,6 +133,7 @@ def install(app: web.Application) -> GatewayMetrics:
     app[METRICS] = metrics
     app.middlewares.insert(0, metrics.middleware())
     app.router.add_get("/metrics", metrics.handle)
+    app.cleanup_ctx.append(lag_probe_ctx(metrics.loop_lag.observe))
     return metrics
 
 

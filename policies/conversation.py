@@ -23,6 +23,15 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """An image the client sent, kept beside the text placeholder that stands for it in `content`:
+    a text-only engine reads the placeholder, a multimodal upstream gets the image back in its place."""
+
+    placeholder: str  # the exact line in the message's content, e.g. "[image: 1 attachment omitted, png, 48 KB]"
+    url: str  # a data: URL or an http(s) URL
+
+
+@dataclass(frozen=True)
 class Message:
     role: Role
     content: str
@@ -31,6 +40,7 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    attachments: tuple[Attachment, ...] = ()  # images behind placeholders in `content`, in order
 
 
 @dataclass(frozen=True)

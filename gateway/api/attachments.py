@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from policies.conversation import Attachment
+
 # data:[<media type>][;base64],<data>
 _DATA_URL = re.compile(r"^data:(?P<media>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*),(?P<data>.*)$", re.DOTALL)
 
@@ -126,3 +128,30 @@ def _media_from_name(filename: object) -> str | None:
     if isinstance(filename, str) and "." in filename:
         return "file/" + filename.rsplit(".", 1)[-1].lower()
     return None
+
+
+def anthropic_image(block: dict[str, Any], text: str) -> Attachment | None:
+    """The image behind an Anthropic `image` block's placeholder `text`, as a URL an OpenAI-style
+    multimodal upstream reads; None for anything else (documents, files by id)."""
+    source = block.get("source")
+    if block.get("type") != "image" or not isinstance(source, dict):
+        return None
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media = _text_of(source.get("media_type")) or "image/png"
+        return Attachment(text, f"data:{media};base64,{source['data']}")
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return Attachment(text, source["url"])
+    return None
+
+
+def openai_image(part: dict[str, Any], text: str) -> Attachment | None:
+    """The image behind a Chat `image_url` or Responses `input_image` part's placeholder `text`."""
+    kind = part.get("type")
+    if kind == "image_url":
+        inner = part.get("image_url")
+        url = inner.get("url") if isinstance(inner, dict) else inner
+    elif kind == "input_image":
+        url = part.get("image_url")
+    else:
+        return None
+    return Attachment(text, url) if isinstance(url, str) and url else None

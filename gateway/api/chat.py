@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from gateway.api.attachments import openai_part
+from gateway.api.attachments import openai_image, openai_part
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
@@ -24,6 +24,7 @@ from gateway.api.wire import (
 )
 from gateway.errors import invalid
 from policies.conversation import (
+    Attachment,
     Conversation,
     Message,
     SamplingParams,
@@ -96,9 +97,10 @@ class ChatRequest(WireModel):
 # --------------------------------------------------------------------------------------------
 
 
-def _content_text(content: object, param: str, allowed: tuple[str, ...] = ("text",)) -> str:
+def _content_text(content: object, param: str, allowed: tuple[str, ...] = ("text",),
+                  images: list[Attachment] | None = None) -> str:
     """A message's content (string or array of parts) as one string; non-text parts become
-    placeholders (attachments.py)."""
+    placeholders (attachments.py), the images behind them collected into `images`."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -113,6 +115,8 @@ def _content_text(content: object, param: str, allowed: tuple[str, ...] = ("text
             if not isinstance(kind, str):
                 raise invalid(f"Missing required parameter: '{where}.type'.", f"{where}.type")
             texts.append(openai_part(part))  # image_url, input_audio, file, ...: a placeholder
+            if images is not None and (image := openai_image(part, texts[-1])) is not None:
+                images.append(image)
             continue
         value = part.get(kind)  # {"type": "text", "text": ...} / {"type": "refusal", "refusal": ...}
         if not isinstance(value, str):
@@ -132,7 +136,9 @@ def _parse_message(raw: dict[str, Any], i: int, calls_seen: dict[str, str]) -> M
     if role == "user":
         if msg.content is None:
             raise invalid(f"Missing required parameter: '{param}.content'.", f"{param}.content")
-        return Message("user", _content_text(msg.content, f"{param}.content"))
+        images: list[Attachment] = []
+        text = _content_text(msg.content, f"{param}.content", images=images)
+        return Message("user", text, attachments=tuple(images))
     if role == "assistant":
         calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or ())
         if msg.content is None and not calls:
@@ -153,8 +159,10 @@ def _parse_message(raw: dict[str, Any], i: int, calls_seen: dict[str, str]) -> M
                 "tool call of a preceding assistant message.",
                 f"{param}.tool_call_id",
             )
-        text = "" if msg.content is None else _content_text(msg.content, f"{param}.content")
-        return Message("tool", text, tool_call_id=msg.tool_call_id, name=calls_seen[msg.tool_call_id])
+        images = []
+        text = "" if msg.content is None else _content_text(msg.content, f"{param}.content", images=images)
+        return Message("tool", text, tool_call_id=msg.tool_call_id, name=calls_seen[msg.tool_call_id],
+                       attachments=tuple(images))
     raise invalid(
         f"Invalid value for '{param}.role': unknown role {role!r} "
         "(expected system, developer, user, assistant or tool).",

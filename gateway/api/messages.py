@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictStr
 
-from gateway.api.attachments import anthropic_block
+from gateway.api.attachments import anthropic_block, anthropic_image
 from gateway.api.wire import (
     PART_SEPARATOR,
     PositiveInt,
@@ -24,6 +24,7 @@ from gateway.api.wire import (
 )
 from gateway.errors import invalid
 from policies.conversation import (
+    Attachment,
     Conversation,
     Message,
     SamplingParams,
@@ -108,9 +109,10 @@ class CountTokensRequest(MessagesRequest):
 _IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 
 
-def _text_blocks(raw: object, param: str, attachments: bool = False) -> str:
+def _text_blocks(raw: object, param: str, images: list[Attachment] | None = None) -> str:
     """A string or a list of text blocks (system prompt, tool_result content) as one string;
-    with `attachments`, images, documents and other non-text blocks become placeholders."""
+    given an `images` list, images, documents and other non-text blocks become placeholders and
+    the images behind them are collected there."""
     if isinstance(raw, str):
         return raw
     if not isinstance(raw, list):
@@ -121,8 +123,10 @@ def _text_blocks(raw: object, param: str, attachments: bool = False) -> str:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(_validate(TextBlock, block, _loc(where)).text)
-        elif attachments and isinstance(kind, str):
+        elif images is not None and isinstance(kind, str):
             texts.append(anthropic_block(block))  # type: ignore[arg-type]
+            if (image := anthropic_image(block, texts[-1])) is not None:  # type: ignore[arg-type]
+                images.append(image)
         else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} (only 'text' here).", f"{where}.type")
     return PART_SEPARATOR.join(texts)
@@ -140,11 +144,13 @@ def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list
         raise invalid(f"{param}: expected a string or an array of content blocks.", param)
     out: list[Message] = []
     pending: list[str] = []  # user text not yet emitted; tool results split it into messages
+    pending_images: list[Attachment] = []
 
     def flush() -> None:
         if pending:
-            out.append(Message("user", PART_SEPARATOR.join(pending)))
+            out.append(Message("user", PART_SEPARATOR.join(pending), attachments=tuple(pending_images)))
             pending.clear()
+            pending_images.clear()
 
     for i, block in enumerate(content):
         where = f"{param}.{i}"
@@ -159,7 +165,8 @@ def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list
                     "of a preceding assistant message.",
                     f"{where}.tool_use_id",
                 )
-            text = "" if result.content is None else _text_blocks(result.content, f"{where}.content", True)
+            images: list[Attachment] = []
+            text = "" if result.content is None else _text_blocks(result.content, f"{where}.content", images)
             flush()
             out.append(
                 Message(
@@ -168,12 +175,15 @@ def _parse_user(content: object, param: str, tool_names: dict[str, str]) -> list
                     tool_call_id=result.tool_use_id,
                     name=tool_names[result.tool_use_id],
                     is_error=bool(result.is_error),
+                    attachments=tuple(images),
                 )
             )
         elif kind in _IGNORED_BLOCKS:
             continue
         elif isinstance(kind, str) and kind != "tool_use":
             pending.append(anthropic_block(block))  # type: ignore[arg-type]  # image, document, ...
+            if (image := anthropic_image(block, pending[-1])) is not None:  # type: ignore[arg-type]
+                pending_images.append(image)
         else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} in a user message.", f"{where}.type")
     flush()

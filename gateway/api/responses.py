@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictStr
 
-from gateway.api.attachments import openai_part
+from gateway.api.attachments import openai_image, openai_part
 from gateway.api.codex_tools import LOCAL_SHELL, custom_call, custom_tool, local_shell_call, local_shell_tool
 from gateway.api.wire import (
     PART_SEPARATOR,
@@ -25,6 +25,7 @@ from gateway.api.wire import (
 )
 from gateway.errors import invalid
 from policies.conversation import (
+    Attachment,
     Conversation,
     Message,
     SamplingParams,
@@ -83,8 +84,10 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _TEXT_PARTS = ("input_text", "output_text")
 
 
-def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PARTS) -> str:
-    """A string or a list of parts as one string; non-text parts become placeholders."""
+def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PARTS,
+                images: list[Attachment] | None = None) -> str:
+    """A string or a list of parts as one string; non-text parts become placeholders, the images
+    behind them collected into `images`."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -99,6 +102,8 @@ def _parts_text(content: object, param: str, allowed: tuple[str, ...] = _TEXT_PA
             if not isinstance(kind, str):
                 raise invalid(f"Missing required parameter: '{where}.type'.", f"{where}.type")
             texts.append(openai_part(part))  # input_image, input_file, ...: a placeholder
+            if images is not None and (image := openai_image(part, texts[-1])) is not None:
+                images.append(image)
             continue
         field = "refusal" if kind == "refusal" else "text"
         value = part.get(field)
@@ -131,7 +136,9 @@ def _parse_input(raw: object) -> list[Message]:
                     f"{param}.role",
                 )
             allowed = (*_TEXT_PARTS, "refusal") if role == "assistant" else _TEXT_PARTS
-            messages.append(Message(role, _parts_text(msg.content, f"{param}.content", allowed)))
+            images: list[Attachment] = []
+            text = _parts_text(msg.content, f"{param}.content", allowed, images)
+            messages.append(Message(role, text, attachments=tuple(images)))
         elif kind == "function_call":
             fc = validate(FunctionCallItem, item, ("input", i))
             call_names[fc.call_id] = fc.name
@@ -142,9 +149,11 @@ def _parse_input(raw: object) -> list[Message]:
                 raise invalid(f"Missing required parameter: '{param}.call_id'.", f"{param}.call_id")
             if "output" not in item:
                 raise invalid(f"Missing required parameter: '{param}.output'.", f"{param}.output")
-            text = _parts_text(item["output"], f"{param}.output")
+            images = []
+            text = _parts_text(item["output"], f"{param}.output", images=images)
             # The call may live in stored history the caller prepends, so no match is required here.
-            messages.append(Message("tool", text, tool_call_id=call_id, name=call_names.get(call_id)))
+            messages.append(Message("tool", text, tool_call_id=call_id, name=call_names.get(call_id),
+                                    attachments=tuple(images)))
         elif kind in ("custom_tool_call", "local_shell_call"):
             call = custom_call(item, param) if kind == "custom_tool_call" else local_shell_call(item, param)
             call_names[call.id] = call.name
