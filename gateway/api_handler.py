@@ -244,7 +244,7 @@ async def _stream(
     return response
 
 
-# How often a non-streaming turn checks that its client is still connected.
+# How often a non-streaming turn checks that its client is still connected while no event comes.
 DISCONNECT_POLL_SECONDS = 0.5
 
 
@@ -254,21 +254,34 @@ def client_gone(request: web.Request) -> bool:
 
 
 async def _until_client_leaves(request: web.Request, events: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
-    """The events, polling the connection between them: aiohttp does not cancel a handler whose
-    client left, and a non-streaming turn writes nothing that would notice. A client that left
-    ends the turn (ConnectionResetError); closing `events` then stops the engine at its next token."""
+    """The events, with the connection checked at every event and every DISCONNECT_POLL_SECONDS
+    between events: aiohttp does not cancel a handler whose client left (its handler_cancellation,
+    off here, would cancel at any await, a record's write-ahead included), and a non-streaming
+    turn writes nothing that would notice. Checked only while waiting for an event,
+    a client that left while tokens came faster than the poll went unnoticed until max_tokens.
+    A client that left ends the turn (ConnectionResetError) once the engine was told to stop."""
     iterator = events.__aiter__()
     while True:
         pending = asyncio.ensure_future(iterator.__anext__())
-        while not (await asyncio.wait({pending}, timeout=DISCONNECT_POLL_SECONDS))[0]:
-            if client_gone(request):
-                pending.cancel()
-                log.info("client went away before the answer; generation cancelled")
-                raise ConnectionResetError("client disconnected")
+        while not pending.done() and not client_gone(request):
+            await asyncio.wait({pending}, timeout=DISCONNECT_POLL_SECONDS)
+        if client_gone(request):
+            await _discard(pending)
+            await _close(events)  # the turn's cleanup has run: the engine stops at its next token
+            log.info("client went away before the answer; generation cancelled")
+            raise ConnectionResetError("client disconnected")
         try:
             yield pending.result()
         except StopAsyncIteration:
             return
+
+
+async def _discard(pending: asyncio.Future[EngineEvent]) -> None:
+    """Cancel a pending event and wait until the iterator behind it has unwound."""
+    pending.cancel()
+    await asyncio.wait({pending})
+    if not pending.cancelled():
+        pending.exception()  # retrieved: a finished turn's result or error is not wanted any more
 
 
 def engine_error(exc: BaseException) -> ApiError:

@@ -232,17 +232,40 @@ def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:
     size.add_metric(["ram"], s.get("ram_bytes", 0.0))
     size.add_metric(["disk"], s.get("disk_bytes", 0.0))
     yield size
+    yield GaugeMetricFamily("pflash_session_records", "Session records held in memory (the rest live in the store).",
+                            value=s.get("sessions_records", 0.0))
+    yield GaugeMetricFamily("pflash_session_record_bytes", "Approximate bytes of the session records held in memory "
+                            "(counted in the RAM budget with the KV states).", value=s.get("record_bytes", 0.0))
     yield _counter("pflash_session_spills", "KV states moved from RAM to disk for the RAM budget.", s.get("spills", 0.0))
-    yield _counter("pflash_store_writes", "Sessions written to the store.", s.get("store_writes", 0.0))
+    yield _counter("pflash_session_records_evicted",
+                   "Session records dropped from memory for the RAM budget (a changed one is written first; it is "
+                   "read back from the store on its next turn).", s.get("records_evicted", 0.0))
+    writes = _counter("pflash_store_writes", "Files written to the store, by kind: session records (written ahead, "
+                      "each turn) and KV states (spills and shutdown).", labels=["kind"])
+    written = _counter("pflash_store_written_bytes", "Bytes written to the store (zstd-compressed for KV states), "
+                       "by kind.", labels=["kind"])
+    writes.add_metric(["record"], s.get("store_record_writes", 0.0))
+    writes.add_metric(["kv"], s.get("store_writes", 0.0))
+    written.add_metric(["record"], s.get("store_record_bytes_written", 0.0))
+    written.add_metric(["kv"], s.get("store_kv_bytes_written", 0.0))
+    yield writes
+    yield written
+    yield _counter("pflash_store_syncs", "Batched fsyncs of records written ahead without their own (record_sync "
+                   "\"batched\").", s.get("store_syncs", 0.0))
     yield _counter("pflash_store_reads", "Session records or KV states read from the store.", s.get("store_reads", 0.0))
     failures = _counter("pflash_store_failures",
                         "Store failures: write (disk full, read-only), read (KV failed its checksum or could not "
-                        "be decoded: full prefill), discard (metadata invalid or stale).", labels=["op"])
+                        "be decoded: full prefill), discard (metadata invalid or stale), sync (a batched fsync "
+                        "failed: the files are in place, not yet durable).", labels=["op"])
     failures.add_metric(["write"], s.get("store_errors", 0.0))
     failures.add_metric(["read"], s.get("store_failures", 0.0))
     failures.add_metric(["discard"], s.get("store_discarded", 0.0))
+    failures.add_metric(["sync"], s.get("store_sync_failures", 0.0))
     yield failures
     yield _counter("pflash_store_evictions", "Stored sessions evicted for the disk budget.", s.get("store_evicted", 0.0))
+    yield _counter("pflash_store_leftovers_removed", "Leftovers of interrupted writes (temp files, session directories "
+                   "without a record) removed when the store opened: what a crash left behind.",
+                   s.get("store_leftovers_removed", 0.0))
 
 
 def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:

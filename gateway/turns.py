@@ -215,23 +215,31 @@ class TurnService:
     async def _record_after(self, turn: Turn, events: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
         text: list[str] = []
         calls: list[ToolCall] = []
-        async for event in events:
-            if isinstance(event, (TextDelta, ToolCallDelta)) and turn.first_output is None:
-                turn.first_output = time.perf_counter()
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ToolCallDelta):
-                calls.append(event.call)
-            elif isinstance(event, PrefillDone):
-                turn.restored_from = event.restored_from
-                self._count("prefill_tokens_reused", event.cached_tokens)
-                self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
-            elif isinstance(event, Finished):
-                self._remember(turn, "".join(text), tuple(calls), event)
-                # Written ahead: the next turn renders its history from this record, so it is in
-                # the store before the client sees the end of this answer.
-                await self.registry.save_record(turn.record)
-            yield event
+        try:
+            async for event in events:
+                if isinstance(event, (TextDelta, ToolCallDelta)) and turn.first_output is None:
+                    turn.first_output = time.perf_counter()
+                if isinstance(event, TextDelta):
+                    text.append(event.text)
+                elif isinstance(event, ToolCallDelta):
+                    calls.append(event.call)
+                elif isinstance(event, PrefillDone):
+                    turn.restored_from = event.restored_from
+                    self._count("prefill_tokens_reused", event.cached_tokens)
+                    self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
+                elif isinstance(event, Finished):
+                    self._remember(turn, "".join(text), tuple(calls), event)
+                    # Written ahead: the next turn renders its history from this record, so it is in
+                    # the store before the client sees the end of this answer.
+                    await self.registry.save_record(turn.record)
+                yield event
+        finally:
+            # Closing this turn closes the engine's turn now (it stops at its next token), not
+            # whenever the garbage collector finalizes the engine's generator. A turn that ends
+            # early leaves the record as it was: only a Finished turn is remembered.
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
         served = [*turn.prompt.messages, Message("assistant", text, calls)]

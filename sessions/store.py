@@ -107,8 +107,10 @@ class SessionStore:
         make_private_dirs(self.dir)
         self._level = zstd_level
         self._budget = budget_bytes
+        # Exported on /metrics (gateway/metrics.py) through SessionRegistry.stats().
         self.counters: dict[str, int] = {"writes": 0, "reads": 0, "failures": 0, "discarded": 0, "evicted": 0,
-                                         "record_writes": 0, "syncs": 0}
+                                         "record_writes": 0, "syncs": 0, "sync_failures": 0, "kv_bytes_written": 0,
+                                         "record_bytes_written": 0, "leftovers_removed": 0}
         self.pending = PendingSyncs()
         self._index_lock = threading.Lock()
         self._entries: dict[str, StoreEntry] | None = None  # the index, once scanned
@@ -133,6 +135,7 @@ class SessionStore:
         except OSError as exc:  # a read-only store still serves what it holds
             log.warning("store sweep failed: %s", exc)
         if removed:
+            self.counters["leftovers_removed"] += removed
             log.info("store: removed %d leftovers of interrupted writes", removed)
 
     def _mark_current(self) -> None:
@@ -172,6 +175,7 @@ class SessionStore:
         if not sync:
             self.pending.add(path / META)
         self.counters["record_writes"] += 1
+        self.counters["record_bytes_written"] += len(packed)
         old = self._index_get(session_id)
         self._index_put(StoreEntry(session_id, str(data["tenant"]), float(data["last_used"]),
                                    old.kv_tokens if old else 0, len(packed), old.kv_bytes if old else 0,
@@ -203,6 +207,7 @@ class SessionStore:
 
         write_atomic(path / KV, fill)
         self.counters["writes"] += 1
+        self.counters["kv_bytes_written"] += written
         old = self._index_get(session_id)
         if old is not None:
             self._index_put(replace(old, kv_tokens=len(state.tokens), kv_bytes=written, kv_raw_bytes=raw))
@@ -213,7 +218,7 @@ class SessionStore:
         try:
             synced = self.pending.sync()
         except OSError as exc:  # the files are renamed into place already; only durability waits
-            self.counters["failures"] += 1
+            self.counters["sync_failures"] += 1
             log.error("store: fsync failed: %s", exc)
             return 0
         if synced:

@@ -24,22 +24,45 @@ from tests.metrics_util import scrape, total, value
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.xfail(strict=False, reason="flaky: passed in the merged tree's full run, and failed as the first test of a "
-                   "fresh clone's run (the engine still busy after 15 s); under investigation, see the issue-13 note")
 def test_nonstreaming_client_that_leaves_stops_its_generation(gateway: Gateway) -> None:
+    """Tokens come faster than the handler's poll interval here: the disconnect must still be seen
+    (issue 13: it was polled only while no token came, and the engine went on to max_tokens).
+    The session stays usable: the cancelled turn is not recorded, and the client's retry is
+    answered from the context kept for the session."""
+    session = "leaves-" + uuid.uuid4().hex
+    headers = {"x-session-id": session}
     body = {"model": "m", "max_tokens": 3000, "temperature": 0,
             "messages": [{"role": "user", "content": "Write the numbers from 1 to 2000, one per line, nothing else."}]}
-    before = value(scrape(gateway.url), "pflash_completion_tokens_total")
+    before = scrape(gateway.url)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
-        httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=3))
+        httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers,
+                   timeout=httpx.Timeout(60, read=3))
     left = time.monotonic()
     while value(scrape(gateway.url), "pflash_queue_depth") > 0:
-        # Generous for a loaded 2-core machine (a session switch may precede the first token);
-        # the 3000 tokens asked for take far longer on this model.
+        # Generous for a loaded 2-core machine; the 3000 tokens asked for take far longer on this model.
         assert time.monotonic() - left < 15, "the engine kept generating for a client that left"
         time.sleep(0.2)
-    generated = value(scrape(gateway.url), "pflash_completion_tokens_total") - before
+    after = scrape(gateway.url)
+    generated = value(after, "pflash_completion_tokens_total") - value(before, "pflash_completion_tokens_total")
     assert generated < 1500, generated  # far from the 3000 asked for: it stopped when the client left
+    left_early = value(after, "pflash_requests_total", api="openai", status="499")
+    assert left_early == value(before, "pflash_requests_total", api="openai", status="499") + 1
+
+    retry = httpx.post(gateway.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, headers=headers,
+                       timeout=120)
+    assert retry.status_code == 200, retry.text
+    usage = retry.json()["usage"]
+    refused = value(scrape(gateway.url), "pflash_prefix_reuse_refused_total") - value(
+        after, "pflash_prefix_reuse_refused_total")
+    # The context holds the prompt and the tokens generated for nobody. The retry reuses the whole
+    # prompt but its last token, unless dropping those tokens would roll the sliding-window cache
+    # back too far (ENGINE-NOTES): then the engine refuses the reuse, counted, and prefills exactly.
+    if refused:
+        assert (refused, usage["prompt_tokens_details"]["cached_tokens"]) == (1, 0)
+    else:
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1, usage
+    record = httpx.get(f"{gateway.url}/v1/sessions/{session}", timeout=30).json()
+    assert record["counters"]["turns"] == 1  # only the answered turn is in the session's record
 
 
 def test_count_tokens_creates_no_session(gateway: Gateway) -> None:

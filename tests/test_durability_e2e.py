@@ -148,3 +148,50 @@ def test_health_answers_quickly_while_sessions_switch_through_disk(start_gateway
     assert p99 < 0.1, (p99, latencies[-5:])
     print(f"\n/health during {len(histories) * 3} disk switches: {len(latencies)} probes, p50 "
           f"{latencies[len(latencies) // 2] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
+
+
+def test_store_counters_move_on_metrics(start_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """/metrics shows the store at work: a turn's record written ahead (and fsynced in a batch);
+    with a RAM budget of 0, a switch spills a KV state and evicts a record, and coming back reads
+    both from the store; after a restart, the leftover of an interrupted write is counted as removed."""
+    store = tmp_path / "counted"
+    server = start_gateway("--ram-budget-mb", "0", store=store)
+    a, b = "count-a-" + uuid.uuid4().hex, "count-b-" + uuid.uuid4().hex
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say ok."}]
+    start = scrape(server.url)
+
+    def grown(since: dict, name: str, **labels: str) -> float:
+        samples = scrape_until(server, lambda s: value(s, name, **labels) > value(since, name, **labels))
+        return value(samples, name, **labels) - value(since, name, **labels)
+
+    chat(server, a, history)
+    assert grown(start, "pflash_store_writes_total", kind="record") >= 1
+    assert grown(start, "pflash_store_written_bytes_total", kind="record") > 0
+    assert grown(start, "pflash_store_syncs_total") >= 1  # record_sync "batched": within a second
+    chat(server, b, history)  # A's state leaves the context: over the RAM budget, it goes to disk
+    assert grown(start, "pflash_store_writes_total", kind="kv") >= 1
+    assert grown(start, "pflash_store_written_bytes_total", kind="kv") > 0
+    assert grown(start, "pflash_session_records_evicted_total") >= 1
+    switched = scrape(server.url)
+    again = chat(server, a, history)
+    assert again.headers["X-PFlash-Restored-From"] == "disk"
+    assert grown(switched, "pflash_store_reads_total") >= 2  # A's record and its KV state
+    failures = scrape(server.url)
+    assert all(value(failures, "pflash_store_failures_total", op=op) == 0 for op in ("write", "read", "sync"))
+    server.stop()
+
+    session_dir = next(store.glob(f"sessions/*/{session_hash('', a)}"))
+    (session_dir / ".kv.zst.4242.0.tmp").write_bytes(b"half a write")  # as a kill -9 mid-write leaves it
+    restarted = start_gateway("--ram-budget-mb", "0", store=store)
+    assert value(scrape(restarted.url), "pflash_store_leftovers_removed_total") == 1
+    assert not list(session_dir.glob(".*.tmp"))
+
+
+def scrape_until(server: Gateway, ready, timeout: float = 10):  # type: ignore[no-untyped-def]
+    """/metrics once `ready(samples)` holds (store I/O runs on its own thread), or at the deadline."""
+    deadline = time.time() + timeout
+    while True:
+        samples = scrape(server.url)
+        if ready(samples) or time.time() > deadline:
+            return samples
+        time.sleep(0.1)
