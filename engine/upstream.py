@@ -133,6 +133,15 @@ def to_openai_constraint(constraint: OutputConstraint, has_tools: bool) -> dict[
     return out
 
 
+def schema_as_json_object(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request with an OpenAI `json_schema` response_format rewritten to the llama.cpp-family
+    form `{"type": "json_object", "schema": ...}`; None when it has no such format."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    return {**body, "response_format": {"type": "json_object", "schema": fmt["json_schema"]["schema"]}}
+
+
 class UpstreamEngine:
     def __init__(self, options: UpstreamOptions, count_tokens: Callable[[str], int], tokenizer_name: str) -> None:
         self._opts = options
@@ -146,7 +155,8 @@ class UpstreamEngine:
         self.n_ctx = options.n_ctx or 0
         self.fingerprint = f"upstream|{self._base}|{self.model_id}"
         self._session: aiohttp.ClientSession | None = None
-        self._counters: dict[str, float] = {"upstream_requests": 0, "upstream_errors": 0, "upstream_retries": 0}
+        self._counters: dict[str, float] = {"upstream_requests": 0, "upstream_errors": 0, "upstream_retries": 0,
+                                            "upstream_format_fallbacks": 0}
         log.info("upstream %s; line-level token counts from %s", self._base, tokenizer_name)
 
     def _headers(self) -> dict[str, str]:
@@ -254,7 +264,17 @@ class UpstreamEngine:
             body["tools"] = to_openai_tools(prompt.tools)
         body.update(to_openai_constraint(prompt.constraint, bool(prompt.tools)))
         self._counters["upstream_requests"] += 1
-        response = await self._post_with_retries(body)
+        try:
+            response = await self._post_with_retries(body)
+        except EngineRejected as exc:
+            fallback = schema_as_json_object(body)
+            if fallback is None or exc.status == 400 and exc.code == "context_length_exceeded":
+                raise
+            # llama-cpp-python's server knows only {"type": "json_object", "schema": ...}, and
+            # answers the OpenAI json_schema shape with an error: the same schema, in its words.
+            log.info("upstream refused response_format json_schema (%s); retrying as json_object with the schema", exc)
+            self._counters["upstream_format_fallbacks"] += 1
+            response = await self._post_with_retries(fallback)
         calls: dict[int, dict[str, str]] = {}
         text_parts: list[str] = []
         reasoning = ReasoningSplitter()

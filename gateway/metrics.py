@@ -220,6 +220,12 @@ def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
                    engine.get("prefix_reuse_refused", 0.0))
     yield GaugeMetricFamily("pflash_queue_depth", "Turns queued or running in the engine.",
                             value=engine.get("queue_depth", 0.0))
+    if "upstream_requests" in engine:  # upstream mode
+        upstream = _counter("pflash_upstream_events", "Upstream requests, errors, connect retries, and requests "
+                            "re-sent with response_format in the llama.cpp form.", labels=["event"])
+        for event in ("requests", "errors", "retries", "format_fallbacks"):
+            upstream.add_metric([event], engine.get(f"upstream_{event}", 0.0))
+        yield upstream
 
 
 def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:
