@@ -220,7 +220,6 @@ def test_upstream_receives_tool_choice(upstream_gateway: Gateway) -> None:
 
 def test_upstream_receives_parallel_flag_and_response_format(recording_proxy: Any) -> None:
     """Engine level, as for the in-process engine: the adapters pass these fields after the API work."""
-    from engine.base import EngineRejected
     from engine.constraints import output_constraint
     from engine.upstream import UpstreamEngine, UpstreamOptions
     from policies.conversation import Message, SamplingParams, TextDelta, ToolSpec
@@ -245,12 +244,15 @@ def test_upstream_receives_parallel_flag_and_response_format(recording_proxy: An
         assert text.lstrip().startswith("{")  # llama_cpp.server enforces json_object with its own grammar
         structured = output_constraint(None, True, {"type": "json_schema", "name": "a", "schema": schema}, ())
         # llama_cpp.server knows only "text" and "json_object": it refuses the standard json_schema
-        # shape (vLLM, SGLang and llama.cpp's own server take it), with a 500 of its own.
-        with pytest.raises(EngineRejected) as refused:
-            await answer("Reply in JSON.", [], structured)
-        assert "response_format" in refused.value.message
-        assert recording_proxy.chat_bodies()[-1]["response_format"] == {
+        # shape (vLLM, SGLang and llama.cpp's own server take it), so the same schema goes again in
+        # its words, and its grammar then holds the answer to the schema.
+        text = await answer("Reply in JSON.", [], structured)
+        first, again = recording_proxy.chat_bodies()[-2:]
+        assert first["response_format"] == {
             "type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": False}}
+        assert again["response_format"] == {"type": "json_object", "schema": schema}
+        assert text.lstrip().startswith("{")
+        assert engine.stats()["upstream_format_fallbacks"] == 1
         await engine.close()
 
     asyncio.run(run())
