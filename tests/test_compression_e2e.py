@@ -15,33 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.crash_matrix import FIRST_QUESTION, python_module
 from tests.conftest import ROOT, Gateway
 
 pytestmark = pytest.mark.engine
 
 
-def python_module(n_functions: int = 40) -> str:
-    """A realistic file read: many small functions, one of them about billing."""
-    blocks = ['"""Inventory helpers."""', "import math", ""]
-    for i in range(n_functions):
-        if i == 23:
-            blocks.append(
-                "def compute_invoice_total(items, tax_rate):\n"
-                '    """Sum the invoice lines and apply the tax rate."""\n'
-                "    subtotal = sum(item.price * item.quantity for item in items)\n"
-                "    return round(subtotal * (1 + tax_rate), 2)\n"
-            )
-            continue
-        blocks.append(
-            f"def helper_{i}(values):\n"
-            f'    """Return the scaled norm number {i} of the values."""\n'
-            f"    total = sum(v * {i + 1} for v in values)\n"
-            f"    return math.sqrt(total) if total > 0 else 0.0\n"
-        )
-    return "\n".join(blocks)
-
-
-def tool_conversation(output: str, question: str = "Where is the invoice total computed, and how is tax applied?") -> list[dict]:
+def tool_conversation(output: str, question: str = FIRST_QUESTION) -> list[dict]:
     return [
         {"role": "system", "content": "You are a coding agent. " * 30},
         {"role": "user", "content": question},
