@@ -5,8 +5,10 @@ when it switches to another session and fetches it back (RAM first, then disk).
 Who owns what:
 - `_lock` guards the in-memory maps only: it is never held for I/O, so the event loop, which takes
   it on every turn, never waits for a disk.
-- every store operation (write, load, delete, fsync) runs on `_io`, one dedicated thread: the store
-  has a single owner and operations on one session happen in the order they were asked for.
+- every store operation (write, load, delete) runs on `_io`, one dedicated thread: the store has a
+  single owner and operations on one session happen in the order they were asked for. The batched
+  fsync of files already renamed into place runs on `_sync_io`, so a turn's record write never
+  queues behind a second's worth of fsyncs.
 - a record is changed only through its own methods (its own lock); persistence writes a snapshot.
 
 Records are written ahead (`record_sync`): before a response completes, the record it changed is
@@ -60,6 +62,7 @@ class SessionRegistry:
         self.record_sync: RecordSync = record_sync
         self._lock = threading.Lock()
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-io")
+        self._sync_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync")
         self._records: OrderedDict[str, SessionRecord] = OrderedDict()  # LRU, oldest first
         self._record_bytes: dict[str, int] = {}
         self._records_total = 0
@@ -204,8 +207,8 @@ class SessionRegistry:
         with self._lock:
             self._sync_timer = None
         try:
-            self._submit(self.store.sync_pending)
-        except RuntimeError:  # the I/O thread is shut down: flush() synced already
+            self._sync_io.submit(self.store.sync_pending)
+        except RuntimeError:  # shut down: close() syncs what is left
             pass
 
     async def delete(self, session_id: str) -> None:
@@ -344,9 +347,9 @@ class SessionRegistry:
                 except Exception:
                     self.counters["store_errors"] += 1
                     log.exception("session %s: flush failed; the others are still written", session_id[:12])
-            self.store.sync_pending()
 
         self._submit(write_all).result()
+        self._sync_io.submit(self.store.sync_pending).result()  # after any sync already under way
 
     def settle(self) -> None:
         """Wait for the store I/O asked for so far (spills, writes)."""
@@ -359,6 +362,7 @@ class SessionRegistry:
         if timer is not None:
             timer.cancel()
         self._io.shutdown(wait=True)
+        self._sync_io.shutdown(wait=True)
         self.store.sync_pending()
         if self._store_lock is not None:
             self._store_lock.release()

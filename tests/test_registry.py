@@ -119,6 +119,39 @@ def test_batched_sync_fsyncs_within_a_second(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+def test_a_record_write_never_waits_behind_a_slow_batched_fsync(tmp_path: Path) -> None:
+    """The batched fsync runs beside the store's I/O thread: a turn's record write (what the end
+    of its response waits for) does not queue behind a second's worth of slow fsyncs."""
+    async def run() -> None:
+        registry = registry_at(tmp_path, sync="batched")
+        syncing, release = threading.Event(), threading.Event()
+        real_sync = registry.store.pending.sync
+
+        def slow_sync() -> int:
+            syncing.set()
+            release.wait(10)  # a disk that takes its time
+            return real_sync()
+
+        registry.store.pending.sync = slow_sync  # type: ignore[method-assign]
+        first = await registry.get_or_create(sid("a"), "t", "x")
+        first.count("turns")
+        await registry.save_record(first)
+        assert await asyncio.to_thread(syncing.wait, 5)  # the batch is being synced now
+        second = await registry.get_or_create(sid("b"), "t", "x")
+        second.count("turns")
+        started = time.perf_counter()
+        await registry.save_record(second)
+        waited = time.perf_counter() - started
+        release.set()
+        assert waited < 1.0, waited
+        assert SessionStore(tmp_path, FP).load_record(second.session_id) is not None
+        registry.flush()
+        assert len(registry.store.pending) == 0  # flush waits for the sync under way, then syncs the rest
+        registry.close()
+
+    asyncio.run(run())
+
+
 def test_records_stay_under_the_ram_budget_and_reload_from_the_store(tmp_path: Path) -> None:
     async def run() -> None:
         registry = registry_at(tmp_path, budget=100_000)
