@@ -6,16 +6,13 @@ tokens are prefilled. With it, a follow-up that fires also prefills the excerpts
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from benchmarks.timing import ttft_stream
 from gateway.process import GatewayProcess
 
 GATE_ON, GATE_OFF = "gate on", "gate off"
@@ -43,24 +40,6 @@ def to_wire(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _first_token(url: str, session: str, messages: list[dict[str, Any]]) -> tuple[float, httpx.Headers]:
-    body = {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0, "stream": True}
-    started = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session},
-                      timeout=1800) as response:
-        response.raise_for_status()
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data: ") and line != "data: [DONE]":
-                choices = json.loads(line[6:]).get("choices") or []
-                if choices and (choices[0]["delta"].get("content") or choices[0].get("finish_reason")):
-                    elapsed = time.perf_counter() - started
-                    for _ in lines:  # let the turn finish before the next
-                        pass
-                    return elapsed, response.headers
-    return time.perf_counter() - started, response.headers
-
-
 def measure_followups(model: Path, work: Path, replays: Sequence[Any], threshold: int) -> FollowupTimes:
     """Each conversation on both gateways (the first of the two alternating); the first turn
     (compression) is not timed, every later user turn is."""
@@ -75,9 +54,9 @@ def measure_followups(model: Path, work: Path, replays: Sequence[Any], threshold
             messages = to_wire(rep.messages)
             for label in order:
                 session = f"followup-{k}-{uuid.uuid4().hex[:6]}"
-                _first_token(servers[label].url, session, messages[: rep.tool_index + 1])
+                ttft_stream(servers[label].url, session, messages[: rep.tool_index + 1])
                 for q in rep.question_indices:
-                    seconds, headers = _first_token(servers[label].url, session, messages[: q + 1])
+                    seconds, headers = ttft_stream(servers[label].url, session, messages[: q + 1])
                     out.seconds[label].append(seconds)
                     if label == GATE_ON:
                         fired = headers.get("X-PFlash-Recall") == "true"

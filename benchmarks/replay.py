@@ -13,7 +13,6 @@ context per session, prefilling only each turn's new tokens: what those tokens a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from benchmarks.timing import stream_turn
 from gateway.process import GatewayProcess, free_port
 
 
@@ -51,29 +51,6 @@ class Target(Protocol):
     def stop(self) -> None: ...
 
 
-def _stream_turn(url: str, body: dict[str, Any], timeout: float) -> tuple[float, dict[str, Any], httpx.Headers, int]:
-    """POST a streamed chat turn; the time to the first generated chunk, the final usage (when
-    the server reports it), the response headers and the status."""
-    started = time.perf_counter()
-    first: float | None = None
-    usage: dict[str, Any] = {}
-    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=timeout) as response:
-        if response.status_code != 200:
-            response.read()
-            return time.perf_counter() - started, {}, response.headers, response.status_code
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            choices = chunk.get("choices") or []
-            if first is None and choices and (choices[0].get("delta", {}).get("content")
-                                              or choices[0].get("finish_reason")):
-                first = time.perf_counter() - started
-        return (first if first is not None else time.perf_counter() - started), usage, response.headers, 200
-
-
 class GatewayTarget:
     """A `pflash-gateway serve` process; restarts keep its store, as a service restart does."""
 
@@ -84,16 +61,17 @@ class GatewayTarget:
     def turn(self, session: int, turn: int, messages: list[dict[str, str]], max_tokens: int) -> TurnResult:
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                 "stream_options": {"include_usage": True}}
-        ttft, usage, headers, status = _stream_turn(self._server.url, body, timeout=1800)
-        if status != 200 and status != 400:
-            raise RuntimeError(f"{self.name}: HTTP {status} at session {session} turn {turn}")
-        details = usage.get("prompt_tokens_details") or {}
-        compressed = headers.get("X-PFlash-Compressed") == "true"
+        got = stream_turn(self._server.url, body, timeout=1800)
+        if got.status != 200 and got.status != 400:
+            raise RuntimeError(f"{self.name}: HTTP {got.status} at session {session} turn {turn}")
+        details = got.usage.get("prompt_tokens_details") or {}
+        compressed = got.headers.get("X-PFlash-Compressed") == "true"
         return TurnResult(
-            self.name, session, turn, ttft, int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens", 0)),
-            original_tokens=int(headers.get("X-PFlash-Original-Tokens", 0)) if compressed else 0,
-            kept_tokens=int(headers.get("X-PFlash-Kept-Tokens", 0)) if compressed else 0,
-            overflow=status == 400,
+            self.name, session, turn, got.ttft, int(got.usage.get("prompt_tokens", 0)),
+            int(details.get("cached_tokens", 0)),
+            original_tokens=int(got.headers.get("X-PFlash-Original-Tokens", 0)) if compressed else 0,
+            kept_tokens=int(got.headers.get("X-PFlash-Kept-Tokens", 0)) if compressed else 0,
+            overflow=got.status == 400,
         )
 
     def restart(self) -> None:
@@ -150,11 +128,11 @@ class LlamaServerTarget:
     def turn(self, session: int, turn: int, messages: list[dict[str, str]], max_tokens: int) -> TurnResult:
         self._new_log()
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-        ttft, _usage, _headers, status = _stream_turn(self.url, body, timeout=3600)
+        got = stream_turn(self.url, body, timeout=3600)
         time.sleep(0.05)  # its log line is written before the first chunk; let the file catch up
         hits = _PREFIX_HIT.findall(self._new_log())
         cached, remaining = (int(hits[-1][0]), int(hits[-1][1])) if hits else (0, 0)
-        return TurnResult(self.name, session, turn, ttft, cached + remaining, cached, overflow=status == 400)
+        return TurnResult(self.name, session, turn, got.ttft, cached + remaining, cached, overflow=got.status == 400)
 
     def restart(self) -> None:
         self.stop()

@@ -46,22 +46,48 @@ def chat(url: str, session: str, messages: list[dict[str, Any]], max_tokens: int
     return elapsed, response.json(), response.headers
 
 
-def ttft_stream(url: str, session: str, messages: list[dict[str, Any]], timeout: float = 1200) -> tuple[float, httpx.Headers]:
-    """Time from sending to the first content (or tool-call) chunk of a streamed turn."""
-    body = {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0, "stream": True}
+@dataclass(frozen=True)
+class StreamedTurn:
+    ttft: float  # seconds from sending to the first generated chunk (the whole turn if none came)
+    usage: dict[str, Any]  # the final usage chunk, when the server sends one
+    headers: httpx.Headers
+    status: int
+
+
+def stream_turn(url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                timeout: float = 1800) -> StreamedTurn:
+    """POST a streamed chat turn and read it to its end (the server is idle again when this
+    returns): the time to the first generated chunk (text, a tool call or a finish), the usage."""
     started = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session},
+    first: float | None = None
+    usage: dict[str, Any] = {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers,
                       timeout=timeout) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            response.read()
+            return StreamedTurn(time.perf_counter() - started, {}, response.headers, response.status_code)
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
             choices = chunk.get("choices") or []
-            if choices and (choices[0]["delta"].get("content") or choices[0]["delta"].get("tool_calls")
-                            or choices[0].get("finish_reason")):
-                return time.perf_counter() - started, response.headers
-    return time.perf_counter() - started, response.headers
+            delta = (choices[0].get("delta") or {}) if choices else {}
+            if first is None and choices and (delta.get("content") or delta.get("tool_calls")
+                                              or choices[0].get("finish_reason")):
+                first = time.perf_counter() - started
+        return StreamedTurn(first if first is not None else time.perf_counter() - started, usage,
+                            response.headers, 200)
+
+
+def ttft_stream(url: str, session: str, messages: list[dict[str, Any]], timeout: float = 1800) -> tuple[float, httpx.Headers]:
+    """A session's streamed turn of 4 greedy tokens: its time to first token and its headers."""
+    turn = stream_turn(url, {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0},
+                       {"X-Session-Id": session}, timeout)
+    if turn.status != 200:
+        raise RuntimeError(f"HTTP {turn.status} from {url}")
+    return turn.ttft, turn.headers
 
 
 # --- realistic agent histories ------------------------------------------------------------------
