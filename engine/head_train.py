@@ -25,9 +25,9 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -269,6 +269,14 @@ class BuildConfig:
     min_segment: int = 32
     max_segment: int = 512
     request_tokens: int = 128
+    # The frozen splits examples come from: training reads train and validation only; the
+    # benchmark builds the test split apart, to report on it.
+    sides: tuple[str, ...] = ("train", "validation")
+
+    def takes(self, kind: str, key: str) -> bool:
+        from engine.splits import split_of
+
+        return split_of(kind, key) in self.sides  # type: ignore[arg-type]
 
 
 def _request(messages: Sequence[Any], count: Callable[[str], int], limit: int) -> str:
@@ -278,14 +286,8 @@ def _request(messages: Sequence[Any], count: Callable[[str], int], limit: int) -
     return find_request(messages, len(messages) - 1, count, limit).scored
 
 
-def _in_training_splits(kind: str, key: str) -> bool:
-    from engine.splits import split_of
-
-    return split_of(kind, key) in ("train", "validation")  # type: ignore[arg-type]
-
-
 def _swe_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Callable[[str], int]) -> list[dict[str, Any]]:
-    """One real evidence-bearing tool output per session (train and validation splits), padded with
+    """One real evidence-bearing tool output per session (of the splits `cfg.sides`), padded with
     same-repository outputs; the request is the agent's own asking turn (thought + command) and
     the task, as serving reads it. Positives: units with a gold line or a line the agent went on
     to use (weak labels, engine.agent_data.used_later); retention is measured on gold alone."""
@@ -295,7 +297,7 @@ def _swe_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Callab
     from policies.conversation import Message as Msg, ToolCall
     from policies.segmentation import segment
 
-    usable = [r for r in records if _in_training_splits("swe", r["id"])]
+    usable = [r for r in records if cfg.takes("swe", r["id"])]
     picked = sorted(usable, key=lambda r: stable_fraction(cfg.seed, r["id"], "head-pick"))[: cfg.sessions]
     out = []
     for case in build_long_outputs(picked, usable, count, cfg.swe_tokens, cfg.swe_tokens, cfg.seed, ("tool_output",)):
@@ -340,7 +342,7 @@ def _mtrag_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Call
         for c in r.get("contexts") or []:
             passages.setdefault(r["Collection"], {})[c["document_id"]] = _clean(c["text"])
         convs.setdefault(r["conversation_id"], []).append(r)
-    usable = [cid for cid, rs in convs.items() if any(r.get("contexts") for r in rs) and _in_training_splits("mtrag", cid)]
+    usable = [cid for cid, rs in convs.items() if any(r.get("contexts") for r in rs) and cfg.takes("mtrag", cid)]
     chosen = sorted(usable, key=lambda cid: stable_fraction(cfg.seed, cid, "head-pick"))[: cfg.conversations]
     out = []
     for cid in chosen:
@@ -488,10 +490,13 @@ def evaluate(ds: Dataset, idx: Sequence[int], head: RelevanceHead, ratios: Seque
 
 @dataclass
 class HeadRun:
-    """One training run: the head, its held-out evaluation and what it cost."""
+    """One training run: the head, its evaluation on one split and what it cost."""
 
     head: RelevanceHead
-    scores: dict[str, dict[str, dict[float, float]]]  # source -> scorer -> budget -> retention
+    scores: dict[str, dict[str, dict[float, float]]]  # source -> scorer -> budget -> retention, on `report_split`
+    report_split: str  # "validation" (it also chose the epoch) or "test" (never seen by training)
+    report_groups: int
+    report_examples: int
     notes: list[str]
     extract_seconds: float
     train_seconds: float
@@ -500,12 +505,15 @@ class HeadRun:
     val_groups: int
     train_examples: int
     val_examples: int
-    units_per_second: float  # head inference over held-out units, features included
+    units_per_second: float  # head inference over the reported units, features included
 
 
 def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60, epochs: int = 40,
-             seed: int = 0, layer: int = 8, n_threads: int | None = None, cache_dir: Path | None = None) -> HeadRun:
-    """Build (or load) the features, train with early stopping, evaluate on the held-out groups."""
+             seed: int = 0, layer: int = 8, n_threads: int | None = None, cache_dir: Path | None = None,
+             report_split: Literal["validation", "test"] = "validation") -> HeadRun:
+    """Build (or load) the features, train with early stopping on validation, and evaluate on
+    `report_split`: validation by default; "test" builds the test split's messages apart (the
+    benchmark's report), which neither training nor early stopping ever reads."""
     from engine.drafter import DrafterScorer
     from engine.head import drafter_sha256
     from engine.tokenizer import GgufTokenizer
@@ -517,6 +525,8 @@ def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversati
     bcfg = BuildConfig(sessions=sessions, conversations=conversations, seed=seed)
     try:
         ds = build_dataset(data_dir, drafter, sha, tok.count_tokens, bcfg, cache_dir)
+        held_out = (build_dataset(data_dir, drafter, sha, tok.count_tokens, replace(bcfg, sides=("test",)), cache_dir)
+                    if report_split == "test" else None)
     finally:
         drafter.close()
     extract_s = time.perf_counter() - started
@@ -530,19 +540,25 @@ def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversati
     cfg = TrainConfig(epochs=epochs, seed=seed)
     result = train(xs, labels, tokens, items, tr, va, cfg, meta)
     head = result.head
+    report, report_idx = (held_out, list(range(len(held_out.examples)))) if held_out is not None else (ds, va)
     timed = time.perf_counter()
-    n_units = sum(len(head.logits(ds.features(ds.examples[i]))) for i in va)
+    n_units = sum(len(head.logits(report.features(report.examples[i]))) for i in report_idx)
     rate = n_units / max(time.perf_counter() - timed, 1e-9)
-    groups = lambda ix: len({ds.examples[i].group for i in ix})  # noqa: E731
-    scores = evaluate(ds, va, head)
+
+    def groups(d: Dataset, ix: Sequence[int]) -> int:
+        return len({d.examples[i].group for i in ix})
+
+    val_scores = evaluate(ds, va, head)
     head.info = {
         "seed": seed, "sessions": sessions, "conversations": conversations, "epochs_max": epochs,
-        "best_epoch": result.best_epoch, "hidden": cfg.hidden, "train_groups": groups(tr), "val_groups": groups(va),
-        "train_examples": len(tr), "val_examples": len(va),
-        "val_retention_27": {src: {n: round(v[0.27], 4) for n, v in by.items()} for src, by in scores.items()},
+        "best_epoch": result.best_epoch, "hidden": cfg.hidden, "train_groups": groups(ds, tr),
+        "val_groups": groups(ds, va), "train_examples": len(tr), "val_examples": len(va),
+        "val_retention_27": {src: {n: round(v[0.27], 4) for n, v in by.items()} for src, by in val_scores.items()},
     }
-    return HeadRun(head, scores, list(ds.notes), extract_s, result.seconds, result.best_epoch, groups(tr),
-                   groups(va), len(tr), len(va), rate)
+    scores = evaluate(report, report_idx, head) if held_out is not None else val_scores
+    notes = list(ds.notes) + (list(held_out.notes) if held_out is not None else [])
+    return HeadRun(head, scores, report_split, groups(report, report_idx), len(report_idx), notes, extract_s,
+                   result.seconds, result.best_epoch, groups(ds, tr), groups(ds, va), len(tr), len(va), rate)
 
 
 def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60,

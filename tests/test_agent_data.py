@@ -95,3 +95,16 @@ def test_the_committed_split_is_frozen_and_disjoint() -> None:
     repos_in_test_only = {sid.split("__")[0] for sid, side in swe.items() if side == "test"} - {
         sid.split("__")[0] for sid, side in swe.items() if side != "test"}
     assert repos_in_test_only  # some repositories no tuning ever saw
+
+
+def test_train_head_builds_from_train_and_validation_and_the_report_from_test_alone() -> None:
+    from dataclasses import replace
+
+    from engine.head_train import BuildConfig
+
+    training, report = BuildConfig(), replace(BuildConfig(), sides=("test",))
+    splits = json.loads(SPLITS_FILE.read_text())["splits"]
+    for kind in ("swe", "mtrag"):
+        for key, side in splits[kind].items():
+            assert training.takes(kind, key) == (side != "test"), (kind, key)
+            assert report.takes(kind, key) == (side == "test"), (kind, key)
