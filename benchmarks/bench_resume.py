@@ -10,17 +10,18 @@ from benchmarks.timing import ResumeResult, agent_history, measure_resume
 
 TITLE = "Session resume after restart"
 REPS = 5
+GOALS = {16384: 100, 30720: 150}  # issue 14: speed-up of a resume from a cold disk over a full prefill
 
 
 def run(ctx: BenchContext) -> Section:
     sessions = coding_sessions(ctx, TITLE)
     if isinstance(sessions, Section):
         return sessions
-    sizes, reps = ([2048], 2) if ctx.quick else ([4096, 16384], REPS)
+    sizes, reps = ([2048], 2) if ctx.quick else ([4096, 16384, 30720], REPS)
     results: list[ResumeResult] = []
     for size in ctx.progress(sizes, "resume"):
         history = agent_history(sessions, size, ctx.count_tokens)
-        results.append(measure_resume(ctx.model_path, ctx.cache_dir / "work", history, 20480, reps, lambda _m: None))
+        results.append(measure_resume(ctx.model_path, ctx.cache_dir / "work", history, 32768, reps, lambda _m: None))
     timing_rows, disk_rows = [], []
     for r in results:
         full, cold, warm = (statistics.median(v) for v in (r.full_s, r.cold_s, r.warm_s))
@@ -44,8 +45,12 @@ def run(ctx: BenchContext) -> Section:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     plot = savefig(fig, ctx.plot_path("resume_ttft.png"))
-    best = results[-1]
-    ratio = statistics.median(best.full_s) / statistics.median(best.cold_s)
+    verdicts = []
+    for size, r in zip(sizes, results):
+        if size in GOALS:
+            ratio = statistics.median(r.full_s) / statistics.median(r.cold_s)
+            verdicts.append(f"at {r.tokens:,} tokens {ratio:.0f}× ({'meets' if ratio >= GOALS[size] else 'misses'} "
+                            f"the {GOALS[size]}× goal)")
     text = (
         "A real coding-agent history (mini-swe-agent sessions from ../shared/data, stitched to size) "
         "is served once and the server is stopped with SIGTERM (it flushes the session's KV state to "
@@ -57,8 +62,8 @@ def run(ctx: BenchContext) -> Section:
         "(min–max) in seconds; the speed-ups are ratios of medians.\n\n"
         + md_table(["history tokens", "full prefill s", "resume cold s", "resume warm s", "speed-up cold",
                     "speed-up warm", "restored from"], timing_rows)
-        + f"\nAt {best.tokens:,} tokens a resume from a cold disk gave the first token {ratio:.0f}× sooner than "
-        f"a full prefill ({'meets' if ratio >= 100 else 'misses'} the 100× goal). A resume includes reading and "
+        + "\nA resume from a cold disk gave the first token sooner than a full prefill "
+        + ("; ".join(verdicts) or "(no size with a goal in this run)") + ". A resume includes reading and "
         "checking the zstd file, restoring the sequence state into llama.cpp and prefilling the new turn "
         "(~15 tokens).\n\nThe state on disk (one sample: sizes are exact, store times are single runs):\n\n"
         + md_table(["history tokens", "KV KiB/token raw", "zstd KiB/token", "planes+zstd KiB/token",
