@@ -35,6 +35,7 @@ from engine.base import (
 from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
 from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
 from engine.grammar_sampler import GrammarSampler
+from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
@@ -122,6 +123,8 @@ class LlamaEngine:
             seed=options.seed,
             verbose=False,
         )
+        if amx_crash_risk(cpu_flags(), system_info()):
+            log.warning(AMX_WARNING)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self.template: ChatTemplate = select_template(self._llm.metadata, options.chat_template)
         arch = self._llm.metadata.get("general.architecture", "")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
+from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info
 from gateway.config import Settings
 
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
@@ -72,7 +73,11 @@ def check_llama() -> Check:
     except Exception:
         gpu = False
     where = "GPU offload available" if gpu else "CPU only (no GPU offload in this build)"
-    return Check("llama-cpp-python", "OK", f"version {version}, {where}")
+    build = system_info()
+    details = [f"build         {build}"] if build else []
+    if amx_crash_risk(cpu_flags(), build):
+        return Check("llama-cpp-python", "WARN", f"version {version}: {AMX_WARNING}", details)
+    return Check("llama-cpp-python", "OK", f"version {version}, {where}", details)
 
 
 def _gguf_magic(path: Path) -> bool:

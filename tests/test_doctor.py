@@ -57,6 +57,9 @@ def test_healthy_setup_reports_both_models(tmp_path: Path, model_path: Path, ins
     assert f"sha256 verified ({GEMMA_3_270M.sha256[:16]}…, {GEMMA_3_270M.label})" in drafter
     assert "chat template: " in drafter
     assert "GPU offload available" in out or "CPU only" in out
+    # The project's build of llama.cpp has no AMX kernels (they crash on this kind of CPU).
+    assert "build         CPU :" in section(out, "llama-cpp-python")
+    assert "AMX_INT8 = 1" not in section(out, "llama-cpp-python")
     assert "2 API key(s)" in out and "secret-key" not in out  # counted, never printed
     assert f"{store}" in out and "free" in out and "n_ctx 32768" in out
     assert out.rstrip().endswith("doctor: all checks passed")
@@ -130,3 +133,14 @@ def test_invalid_config_is_one_line_before_any_check(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "refusing to listen on 0.0.0.0" in result.stderr
+
+
+def test_an_amx_build_on_an_amx_cpu_is_the_risk_doctor_warns_of() -> None:
+    from engine.llama_build import amx_crash_risk
+
+    spr = "flags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8"
+    with_amx = "CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+    without = "CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |"
+    assert amx_crash_risk(spr, with_amx)
+    assert not amx_crash_risk(spr, without)
+    assert not amx_crash_risk("flags\t\t: fpu avx2 avx512f", with_amx)
