@@ -18,23 +18,25 @@ TOOL_TOKENS = 20_000
 QUICK_TOOL_TOKENS = 2_000
 
 
-def tool_output(tokens: int, count: Callable[[str], int]) -> str:
-    """The crash script's file read, grown to about `tokens` tokens (billing at function 23,
-    helper_37 asked about at turn 3)."""
+def functions_for(tokens: int, count: Callable[[str], int]) -> int:
+    """How many functions make the crash script's file read about `tokens` tokens long."""
     n = 40
     while count(python_module(n)) < tokens:
         n = int(n * 1.25) + 1
-    return python_module(n)
+    return n
 
 
 def run(ctx: BenchContext) -> Section:
     if ctx.model_path is None:
         return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")
     tokens = QUICK_TOOL_TOKENS if ctx.quick else TOOL_TOKENS
-    output = tool_output(tokens, ctx.count_tokens)
+    n = functions_for(tokens, ctx.count_tokens)
+    output = python_module(n)
     # Defaults but the threshold, which the quick run lowers so its small output is still compressed.
     threshold = ["--threshold", "1500"] if ctx.quick else []
-    script = Script(output)
+    # Relevance to the first question is flat over the helpers, so compression keeps the file's
+    # head: the turn-3 question asks about one near its end, which it leaves out.
+    script = Script(output, recall_helper=n - 3)
     work = ctx.cache_dir / "work" / f"crash-{uuid.uuid4().hex[:8]}"
     started: list[GatewayProcess] = []
 

@@ -30,7 +30,6 @@ SEED = 14
 ALL_POINTS = [(2, "spill"), (2, "prefill"), (2, "stream"), (2, "after"), (3, "spill"), (3, "prefill"),
               (3, "stream"), (3, "after"), (4, "prefill"), (4, "stream")]
 FIRST_QUESTION = "Where is the invoice total computed, and how is tax applied?"
-RECALL_QUESTION = "What does helper_37 multiply the values by (helper_37)?"
 Start = Callable[..., GatewayProcess]  # start(*flags, store=path): a live server on that store
 
 
@@ -57,9 +56,11 @@ def python_module(n_functions: int = 40) -> str:
 
 @dataclass(frozen=True)
 class Script:
-    """What the client sends: its tool output and how many answer tokens it asks for."""
+    """What the client sends: its tool output (python_module), the helper its turn-3 question
+    asks about (one its compression leaves out), and how many answer tokens it asks for."""
 
     tool_output: str
+    recall_helper: int = 37
     max_tokens: int = 12
 
     def turns(self) -> list[list[dict[str, Any]]]:
@@ -71,8 +72,9 @@ class Script:
              "function": {"name": "read_file", "arguments": '{"path": "inventory.py"}'}}]},
             {"role": "tool", "tool_call_id": "call_read1", "content": self.tool_output}]
         three = [*two, {"role": "assistant", "content": "In compute_invoice_total: the subtotal times one plus tax_rate."},
-                 {"role": "user", "content": RECALL_QUESTION}]
-        four = [*three, {"role": "assistant", "content": "By 38."},
+                 {"role": "user", "content": f"What does helper_{self.recall_helper} multiply the values by "
+                                             f"(helper_{self.recall_helper})?"}]
+        four = [*three, {"role": "assistant", "content": f"By {self.recall_helper + 1}."},
                 {"role": "user", "content": "Thanks. Which function should I test first?"}]
         return [one, two, three, four]
 
