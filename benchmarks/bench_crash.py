@@ -55,10 +55,10 @@ def run(ctx: BenchContext) -> Section:
     finally:
         for server in started:
             server.stop()
-    return Section(TITLE, report(reference, matrix, control, count_tokens=ctx.count_tokens(output), quick=ctx.quick))
+    return Section(TITLE, report(reference, matrix, control, tool_tokens=ctx.count_tokens(output), quick=ctx.quick))
 
 
-def report(reference: Run, matrix: Run, control: Run, count_tokens: int, quick: bool) -> str:
+def report(reference: Run, matrix: Run, control: Run, tool_tokens: int, quick: bool) -> str:
     same_state = matrix.same_restore_turns(reference)
     rows = []
     for (answered, served), kill in zip(matrix.after_restart, matrix.kills):
@@ -81,7 +81,7 @@ def report(reference: Run, matrix: Run, control: Run, count_tokens: int, quick: 
     recalled = reference.headers[3].get("X-PFlash-Recall") == "true"
     failures = matrix.restore_failures()
     return (
-        f"One session of four turns (turn 2: a {count_tokens:,}-token file read, turn 3: a question about a "
+        f"One session of four turns (turn 2: a {tool_tokens:,}-token file read, turn 3: a question about a "
         "function its compression left out) with a second session between turns, at RAM budget 0 so every "
         "switch spills the first session's KV to disk; default settings otherwise (`record_sync = \"batched\"`, "
         f"threshold {'1,500 in this quick run' if quick else '16,384'}, BM25), greedy answers of 12 tokens. "
