@@ -189,8 +189,8 @@ class ResumeResult:
     kv_zstd_planes_bytes: int
     kv_zstd_plain_bytes: int
     kv_tokens: int
-    store_save_s: float
-    store_load_s: float
+    store_save_s: list[float]  # one per repetition
+    store_load_s: list[float]  # page cache cold (the file evicted first)
 
 
 def drop_from_page_cache(path: Path) -> None:
@@ -210,7 +210,8 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     (page cache warm, then evicted) and on a server with an empty store (full prefill)."""
     from engine.base import SavedState
     from sessions.record import SessionRecord
-    from sessions.store import SessionStore, join_planes
+    from sessions import kv_codec
+    from sessions.store import SessionStore
 
     flags = ("--model", str(model), "--n-ctx", str(n_ctx), "--threshold", "1000000000")
     session = "resume-" + uuid.uuid4().hex
@@ -228,8 +229,7 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     path = next(p for p in (store / "sessions").glob("*/*") if p.is_dir())
     data = (path / KV).read_bytes()
     header, start = read_kv_header(data)
-    raw = join_planes(zstandard.ZstdDecompressor().decompress(data[start:-4], max_output_size=header["raw_bytes"]),
-                      header["raw_bytes"])
+    raw = bytes(kv_codec.decode(memoryview(data)[start:-4], header["frames"], header["raw_bytes"]))
     packed = data[start:-4]
     plain = len(zstandard.ZstdCompressor(level=1).compress(raw))
     # Store save/load times on this real state, outside the server.
@@ -237,12 +237,15 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     record = SessionRecord(session_id=hashlib.sha256(session.encode()).hexdigest(), tenant="")
     state = SavedState(tuple(header["tokens"]), raw)
     probe.save_record(record.to_dict())
-    started = time.perf_counter()
-    probe.save_kv(record.session_id, state)
-    save_s = time.perf_counter() - started
-    started = time.perf_counter()
-    probe.load_state(record.session_id)
-    load_s = time.perf_counter() - started
+    save_s, load_s = [], []
+    for _rep in range(reps):
+        started = time.perf_counter()
+        probe.save_kv(record.session_id, state)
+        save_s.append(time.perf_counter() - started)
+        drop_from_page_cache(probe.dir / record.session_id / KV)
+        started = time.perf_counter()
+        probe.load_state(record.session_id)
+        load_s.append(time.perf_counter() - started)
 
     times: dict[str, list[float]] = {"full": [], "warm": [], "cold": []}
     restored: list[str] = []

@@ -75,7 +75,7 @@ class SavedState:
     """A session's KV state as the engine saved it: token ids it covers + opaque state bytes."""
 
     tokens: tuple[int, ...]
-    blob: bytes
+    blob: bytes | memoryview  # a writable memoryview (from the store) reaches llama.cpp without a copy
 
 
 class StateTier(Protocol):
@@ -91,6 +91,10 @@ class StateTier(Protocol):
         """What the context holds now, told by the engine's worker after each turn (tier reporting)."""
         ...
 
+    def prefetch(self, session_id: str) -> None:
+        """A turn for this session is coming: start reading its state from disk (a hint)."""
+        ...
+
 
 class Engine(Protocol):
     model_id: str
@@ -98,6 +102,10 @@ class Engine(Protocol):
     fingerprint: str
 
     def count_tokens(self, text: str) -> int: ...
+
+    def prefetch(self, session_id: str) -> None:
+        """A turn for this session is coming: start fetching its saved KV state, if any (a hint)."""
+        ...
 
     async def prepare(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()

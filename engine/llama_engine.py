@@ -155,6 +155,12 @@ class LlamaEngine:
         """The session registry needs our fingerprint to open its store, so it arrives late."""
         self._tier = tier
 
+    def prefetch(self, session_id: str) -> None:
+        # Read off the worker thread without its lock: a stale `_current` costs at worst one
+        # unneeded read ahead, never a wrong state (the worker still decides what to restore).
+        if self._tier is not None and self._current != session_id:
+            self._tier.prefetch(session_id)
+
     # --- tokens ----------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
@@ -400,11 +406,14 @@ class LlamaEngine:
         if found is None:
             return "none"
         state, tier_name = found
+        fetched = time.perf_counter()
         if self._restore(state):
             previous.append(state)
             self._counters[f"restores_{tier_name}"] += 1
-            log.info("session %s: KV restored from %s (%d tokens, %.1f MB) in %.3f s", session_id[:12], tier_name,
-                     len(state.tokens), len(state.blob) / 1e6, time.perf_counter() - started)
+            now = time.perf_counter()
+            log.info("session %s: KV restored from %s (%d tokens, %.1f MB) in %.3f s (fetch %.3f s, restore %.3f s)",
+                     session_id[:12], tier_name, len(state.tokens), len(state.blob) / 1e6, now - started,
+                     fetched - started, now - fetched)
             return tier_name
         self._counters["restore_failures"] += 1
         log.warning("KV restore for session %s failed: full prefill", session_id[:12])
@@ -436,7 +445,10 @@ class LlamaEngine:
         n = len(state.tokens)
         if n == 0 or n > self.n_ctx:
             return False
-        buf = (ctypes.c_uint8 * len(state.blob)).from_buffer_copy(state.blob)
+        kind = ctypes.c_uint8 * len(state.blob)
+        # llama.cpp only reads the buffer; ctypes wants a writable one to share it without a copy.
+        shared = isinstance(state.blob, memoryview) and not state.blob.readonly
+        buf = kind.from_buffer(state.blob) if shared else kind.from_buffer_copy(state.blob)
         if self._lib.llama_state_seq_set_data(llm._ctx.ctx, buf, len(state.blob), 0) == 0:
             return False
         # Verify the cache covers exactly the positions the saved token ids claim.

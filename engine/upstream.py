@@ -212,6 +212,9 @@ class UpstreamEngine:
     def stats(self) -> dict[str, float]:
         return dict(self._counters)
 
+    def prefetch(self, session_id: str) -> None:
+        return None  # the upstream server holds its own cache
+
     # --- tokens ------------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
         return self._local_count(text)

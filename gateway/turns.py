@@ -83,6 +83,7 @@ class TurnService:
         started = time.perf_counter()
         identity = resolve_session(conv, tenant)
         record = await self.registry.get_or_create(identity.session_id, tenant, identity.source)
+        self.engine.prefetch(identity.session_id)  # a resume's disk read overlaps tokenizing below
         await self._refuse_hopeless_overflow(conv, record)
         messages, report, recall = await self.rewrite(conv.messages, record)
         prompt = await self._prepare_prompt(messages, conv)

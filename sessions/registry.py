@@ -72,6 +72,7 @@ class SessionRegistry:
         self._ram_bytes = 0
         self._spilling: dict[str, SavedState] = {}  # leaving RAM, being written: still served from here
         self._in_context: tuple[str, int] | None = None  # (session, tokens) the engine holds
+        self._ahead: tuple[str, Future[SavedState | None]] | None = None  # a disk load started by prefetch()
         self._deleted: set[str] = set()  # deleted while the engine may still hold their state
         self._sync_timer: threading.Timer | None = None
         self.store.index()  # scan once now (the caller runs us off the event loop)
@@ -223,6 +224,8 @@ class SessionRegistry:
                 self._ram_bytes -= len(state.blob)
             if self._in_context and self._in_context[0] == session_id:
                 self._in_context = None
+            if self._ahead and self._ahead[0] == session_id:
+                self._ahead = None
         await self._on_io(self.store.delete, session_id)
 
     def list(self, tenant: str | None) -> list[SessionInfo]:
@@ -291,6 +294,24 @@ class SessionRegistry:
                 if self._spilling.get(session_id) is state:
                     del self._spilling[session_id]
 
+    def prefetch(self, session_id: str) -> None:
+        """Start reading a session's KV state from disk now, while its turn is still being prepared
+        (tokenizing a long prompt takes as long as the read): a resume then waits for one, not both.
+        Called on the event loop; the read runs on the I/O thread. One at a time: a newer prefetch
+        replaces one the engine never asked for, so at most one state is held outside the budget.
+        Any stored state is exact for its tokens, so even one a later spill makes stale is safe."""
+        with self._lock:
+            if (session_id in self._ram or session_id in self._spilling or session_id in self._deleted
+                    or (self._ahead is not None and self._ahead[0] == session_id)
+                    or (self._in_context is not None and self._in_context[0] == session_id)):
+                return
+            if not self.store.has_kv(session_id):
+                return
+            try:
+                self._ahead = (session_id, self._submit(self.store.load_state, session_id))
+            except RuntimeError:  # shutting down: the engine takes no more turns anyway
+                pass
+
     def fetch(self, session_id: str) -> tuple[SavedState, str] | None:
         with self._lock:
             state = self._ram.pop(session_id, None)
@@ -298,13 +319,17 @@ class SessionRegistry:
                 self._ram_bytes -= len(state.blob)
             else:
                 state = self._spilling.get(session_id)
+            ahead = None
+            if self._ahead is not None and self._ahead[0] == session_id:
+                ahead, self._ahead = self._ahead[1], None
             if state is not None:
                 self._in_context = (session_id, len(state.tokens))
                 return state, "ram"
             self._in_context = None
-        if not self.store.has(session_id):
+        if ahead is None and not self.store.has(session_id):
             return None
-        state = self._submit(self.store.load_state, session_id).result()  # the worker waits, not the loop
+        # The worker waits, not the loop.
+        state = (ahead or self._submit(self.store.load_state, session_id)).result()
         if state is None:
             return None
         with self._lock:

@@ -4,7 +4,8 @@ Two files per session, written independently:
 - `meta.msgpack`, the session record (kept-line maps, recall log, features, transcript): small,
   written ahead of every response that depends on it (see SessionRegistry);
 - `kv.zst`, the KV state: written on a RAM spill and at shutdown. A header (token ids, sizes),
-  the zstd frame streamed from the state's byte planes, and a crc32 trailer of that frame.
+  the state's two byte planes, each raw or one zstd frame (sessions/kv_codec.py), and a crc32
+  trailer of those frames.
 
 Every file is written to a unique temporary name and renamed, so a crash leaves either the old or
 the new file; files are 0600 and directories 0700 whatever the umask. The metadata carries a format
@@ -19,29 +20,29 @@ The index is read from other threads through `index()`, a copy taken under its o
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import shutil
 import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
-import numpy as np
 import zstandard
 
 from engine.base import SavedState
+from sessions import kv_codec
 from sessions.files import PendingSyncs, make_private_dirs, write_atomic
 from sessions.layout import CURRENT, FORMAT_VERSION, KV, KV_MAGIC, META, StoreCorrupt, fingerprint_dir, head_bytes, read_kv_header
 from sessions.record import SessionRecord
 
 log = logging.getLogger("pflash.store")
 
-_CHUNK = 1 << 20  # bytes of one byte plane handed to the compressor at a time
-
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault every page in with one call
 
 @dataclass(frozen=True)
 class StoreEntry:
@@ -58,44 +59,15 @@ class StoreEntry:
         return self.meta_bytes + self.kv_bytes
 
 
-def split_planes(blob: bytes) -> bytes:
-    """Group the low and high bytes of 16-bit values: f16 KV compresses far better that way."""
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    return arr[0::2].tobytes() + arr[1::2].tobytes()
-
-
-def join_planes(data: bytes, n: int) -> bytes:
-    arr = np.frombuffer(data, dtype=np.uint8)
-    half = (n + 1) // 2
-    out = np.empty(n, dtype=np.uint8)
-    out[0::2] = arr[:half]
-    out[1::2] = arr[half:n]
-    return out.tobytes()
-
-
-def _plane_chunks(blob: bytes) -> Iterator[bytes]:
-    """split_planes(blob), a few MiB at a time: a save never holds a second copy of the state."""
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    for plane in (arr[0::2], arr[1::2]):
-        for at in range(0, len(plane), _CHUNK):
-            yield plane[at : at + _CHUNK].tobytes()
-
-
-class _CrcWriter:
-    """A file wrapper the compressor writes into: counts bytes and keeps the crc32 as they pass."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.crc = 0
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        self.size += len(data)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
+def _map_file(path: Path) -> memoryview:
+    """A read-only view of a whole file, mapped and populated at once: the resume path reads the
+    raw plane straight from the page cache instead of copying the file into a `bytes` first."""
+    with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return memoryview(b"")
+        # Unmapped when the last view into it is released, after decoding has copied what it needs.
+        return memoryview(mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
 
 
 class SessionStore:
@@ -187,23 +159,24 @@ class SessionStore:
         if not (path / META).exists():
             raise FileNotFoundError(f"session {session_id[:12]} has no record on disk")
         raw = len(state.blob)
+        frames, parts = kv_codec.encode(state.blob, self._level)
         header = msgpack.packb({"format": FORMAT_VERSION, "fingerprint": self.fingerprint, "tokens": list(state.tokens),
-                                "raw_bytes": raw, "planes": 2}, use_bin_type=True)
+                                "raw_bytes": raw, "planes": 2, "frames": [list(f) for f in frames]}, use_bin_type=True)
         written = 0
 
         def fill(fh: BinaryIO) -> None:
             nonlocal written
             fh.write(KV_MAGIC + struct.pack("<I", len(header)) + header)
-            # zstd's own frame checksum (xxh64) guards the content as it decompresses; the crc32
-            # trailer catches a torn or flipped file before any work. Both cost far less than
-            # sha256 on the resume path, where every millisecond is time to first token.
-            sink = _CrcWriter(fh)
-            compressor = zstandard.ZstdCompressor(level=self._level, write_checksum=True)
-            with compressor.stream_writer(sink, size=raw, closefd=False) as writer:  # type: ignore[arg-type]
-                for chunk in _plane_chunks(state.blob):
-                    writer.write(chunk)
-            fh.write(struct.pack("<I", sink.crc))
-            written = 8 + len(header) + sink.size + 4
+            # zstd's own frame checksum (xxh64) guards a compressed plane as it decompresses; the
+            # crc32 trailer covers every frame (raw ones too) and catches a torn or flipped file
+            # before any work. Both cost far less than sha256 on the resume path.
+            crc, size = 0, 0
+            for part in parts:
+                crc = zlib.crc32(part, crc)
+                size += len(part)
+                fh.write(part)
+            fh.write(struct.pack("<I", crc))
+            written = 8 + len(header) + size + 4
 
         write_atomic(path / KV, fill)
         self.counters["writes"] += 1
@@ -258,7 +231,7 @@ class SessionStore:
     def load_state(self, session_id: str) -> SavedState | None:
         path = self._session_dir(session_id)
         try:
-            data = memoryview((path / KV).read_bytes())
+            data = _map_file(path / KV)
             header, start = read_kv_header(data)
             if header.get("format") != FORMAT_VERSION or header.get("fingerprint") != self.fingerprint:
                 raise StoreCorrupt("KV file of another format or fingerprint")
@@ -266,7 +239,8 @@ class SessionStore:
             if len(data) < start + 4 or zlib.crc32(frame) != struct.unpack("<I", data[-4:])[0]:
                 raise StoreCorrupt("KV checksum mismatch (truncated or modified)")
             raw = int(header["raw_bytes"])
-            blob = join_planes(zstandard.ZstdDecompressor().decompress(frame, max_output_size=raw), raw)
+            frames = header.get("frames")
+            blob = kv_codec.decode_single_frame(frame, raw) if frames is None else kv_codec.decode(frame, frames, raw)
             tokens = tuple(int(t) for t in header["tokens"])
         except FileNotFoundError:
             return None
@@ -335,6 +309,10 @@ class SessionStore:
 
     def has(self, session_id: str) -> bool:
         return self._index_get(session_id) is not None
+
+    def has_kv(self, session_id: str) -> bool:
+        entry = self._index_get(session_id)
+        return entry is not None and entry.kv_tokens > 0
 
     def _index_get(self, session_id: str) -> StoreEntry | None:
         live = self._live_index()

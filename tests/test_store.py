@@ -18,7 +18,9 @@ from engine.base import SavedState
 from policies.kept_lines import KeptLineMap
 from sessions.identity import session_hash
 from sessions.record import RecallEntry, SessionRecord
-from sessions.store import KV, META, SessionStore, join_planes, split_planes
+from sessions import kv_codec
+from sessions.layout import FORMAT_VERSION, KV_MAGIC, read_kv_header
+from sessions.store import KV, META, SessionStore
 
 FP = "model-sha|4096|f16|f16|swa_full=False|template"
 
@@ -37,10 +39,74 @@ def make_state(n: int = 300, size: int = 50_000) -> SavedState:
     return SavedState(tuple(range(n)), blob)
 
 
-@given(st.binary(max_size=4096))
+def _decoded(blob: bytes, level: int = 1) -> tuple[list[kv_codec.Frame], memoryview]:
+    frames, parts = kv_codec.encode(blob, level)
+    return frames, kv_codec.decode(memoryview(b"".join(parts)), frames, len(blob))
+
+
+@given(st.binary(max_size=4096), st.sampled_from([1, 3]))
 @settings(max_examples=200)
-def test_byte_planes_round_trip(blob: bytes) -> None:
-    assert join_planes(split_planes(blob), len(blob)) == blob
+def test_kv_codec_round_trip(blob: bytes, level: int) -> None:
+    assert _decoded(blob, level)[1] == blob
+
+
+def f16_like(n_values: int) -> bytes:
+    """Low bytes random, high bytes from a few values: how f16 KV looks to a compressor."""
+    rng = random.Random(n_values)
+    return bytes(b for _ in range(n_values) for b in (rng.randrange(256), rng.choice((0x3C, 0x3D, 0xBC, 0xBD))))
+
+
+def test_kv_codec_stores_the_random_plane_raw_and_compresses_the_other() -> None:
+    blob = f16_like(200_000)
+    frames, decoded = _decoded(blob)
+    assert decoded == blob
+    assert [codec for codec, _size in frames] == ["raw", "zstd"]
+    assert frames[0][1] == 200_000 and frames[1][1] < 200_000 // 2
+
+
+def test_kv_codec_rejects_a_frame_table_that_does_not_fit() -> None:
+    blob = f16_like(1000)
+    frames, parts = kv_codec.encode(blob, 1)
+    body = memoryview(b"".join(parts))
+    with pytest.raises(ValueError):
+        kv_codec.decode(body, [frames[0], (frames[1][0], frames[1][1] + 1)], len(blob))
+    with pytest.raises(ValueError):
+        kv_codec.decode(body, [("lz4", frames[0][1]), frames[1]], len(blob))
+
+
+def test_kv_codec_checks_a_compressed_plane_to_its_last_byte() -> None:
+    """The crc32 trailer is checked first, but a plane's own zstd checksum must hold by itself."""
+    import zstandard
+
+    blob = f16_like(20_000)
+    frames, parts = kv_codec.encode(blob, 1)
+    for offset in (frames[0][1] + 100, frames[0][1] + frames[1][1] - 2):  # mid-frame, in the checksum
+        body = bytearray(b"".join(kv_codec.encode(blob, 1)[1]))
+        body[offset] ^= 0x41
+        with pytest.raises((ValueError, zstandard.ZstdError)):
+            kv_codec.decode(memoryview(bytes(body)), frames, len(blob))
+
+
+def test_a_kv_file_of_the_single_frame_layout_still_loads(tmp_path: Path) -> None:
+    """Files written before the frame table (one zstd frame of both planes) resume as before."""
+    import struct
+    import zlib
+
+    import zstandard
+
+    store = SessionStore(tmp_path, FP)
+    record, state = make_record(), SavedState(tuple(range(300)), f16_like(30_000))
+    store.save(record, state)
+    path = tmp_path / "sessions" / next(p.name for p in (tmp_path / "sessions").iterdir() if p.is_dir())
+    kv = path / record.session_id / KV
+    header, _start = read_kv_header(kv.read_bytes())
+    assert header["frames"][0][0] == "raw"
+    del header["frames"]
+    packed = msgpack.packb(header, use_bin_type=True)
+    frame = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(kv_codec.split(state.blob))
+    kv.write_bytes(KV_MAGIC + struct.pack("<I", len(packed)) + packed + frame + struct.pack("<I", zlib.crc32(frame)))
+    assert header["format"] == FORMAT_VERSION
+    assert SessionStore(tmp_path, FP).load_state(record.session_id) == state
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:
