@@ -273,3 +273,55 @@ def test_tier_follows_the_engine_and_dropped_files(tmp_path: Path) -> None:
         assert registry.list("t")[0].tier == "none"
 
     asyncio.run(run())
+
+
+def test_prefetch_reads_a_stored_state_once_and_the_engine_gets_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        registry.stash(record.session_id, make_state())
+        registry.flush()
+        again = registry_at(tmp_path)
+        await again.get_or_create(record.session_id, "t", "x")
+        loads: list[str] = []
+        real = again.store.load_state
+        monkeypatch.setattr(again.store, "load_state", lambda s: loads.append(s) or real(s))
+        again.prefetch(record.session_id)
+        again.prefetch(record.session_id)  # asked twice while the first read runs: one read
+        again.prefetch(sid("never-stored"))  # nothing on disk: nothing to read, the first stays
+        again.settle()
+        assert loads == [record.session_id]
+        assert again.fetch(record.session_id) == (make_state(), "disk")
+        assert loads == [record.session_id]  # the engine took the state read ahead, not a second read
+        assert again.fetch(record.session_id) == (make_state(), "disk")  # consumed: a later fetch reads again
+        assert len(loads) == 2
+
+    asyncio.run(run())
+
+
+def test_a_deleted_session_is_never_served_from_a_prefetch(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        registry.stash(record.session_id, make_state())
+        registry.flush()
+        again = registry_at(tmp_path)
+        await again.get_or_create(record.session_id, "t", "x")
+        again.prefetch(record.session_id)
+        again.settle()
+        await again.delete(record.session_id)
+        assert again.fetch(record.session_id) is None
+
+    asyncio.run(run())
+
+
+def test_prefetch_skips_a_state_in_ram(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path)
+        record = await registry.get_or_create(sid("a"), "t", "x")
+        registry.stash(record.session_id, make_state())
+        registry.prefetch(record.session_id)
+        assert registry.fetch(record.session_id) == (make_state(), "ram")
+
+    asyncio.run(run())
