@@ -272,7 +272,7 @@ def run(ctx: BenchContext) -> Section:
 
     results: dict[str, ScorerResult] = {}
     notes: list[str] = []
-    for name in SCORERS:
+    for name in (n for n in SCORERS if ctx.runs(n)):
         if name != "bm25" and drafter_limit <= 0:  # --drafter-sessions 0: do not even load the model
             notes.append(f"`{name}` rows skipped: --drafter-sessions 0.")
             continue

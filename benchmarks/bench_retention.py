@@ -241,7 +241,8 @@ def run(ctx: BenchContext) -> Section:
         return Section(TITLE, "Skipped: no session produced a usable output.\n")
 
     keys = [CURVE] + [str(r) for r in sorted(set(PLOT_RATIOS) | set(TABLE_RATIOS))]
-    results: dict[str, MethodResult] = {name: MethodResult() for name in (*LIGHT, *HEAVY, *BASELINES)}
+    scorers = [name for name in (*LIGHT, *HEAVY) if ctx.runs(name)]
+    results: dict[str, MethodResult] = {name: MethodResult() for name in (*scorers, *BASELINES)}
     notes: list[str] = []
     for case in ctx.progress(cases, "retention: baselines"):
         units = segment(case.output.lines, case.line_tokens, settings.min_segment, settings.max_segment)
@@ -252,7 +253,7 @@ def run(ctx: BenchContext) -> Section:
                 results[name].outcomes.setdefault(key, []).append(
                     outcome(case, ranges, kept / max(case.tokens, 1), True, "baseline"))
     heavy_limit = ctx.drafter_sessions if ctx.drafter_sessions is not None else (1 if ctx.quick else 6)
-    for name in (*LIGHT, *HEAVY):
+    for name in scorers:
         heavy = name in HEAVY
         if heavy and heavy_limit <= 0:
             notes.append(f"`{name}` rows skipped: --drafter-sessions 0.")

@@ -48,6 +48,7 @@ class BenchContext:
     cache_dir: Path = BENCH_DIR / ".cache"  # git-ignored: the assembled model lives here
     seed: int = 0
     split: str = "test"  # engine/splits.json: published numbers come from test only
+    scorers: tuple[str, ...] | None = None  # quality sections: only these scorers (None: all)
     model_path: Path | None = None
     model_error: str | None = None
     _tokenizer: Any = None
@@ -139,6 +140,10 @@ class BenchContext:
             scorer = None
         self._scorers[name] = scorer
         return scorer
+
+    def runs(self, scorer: str) -> bool:
+        """Whether a quality section runs this scorer (`--scorers`)."""
+        return self.scorers is None or scorer in self.scorers
 
     def scorer_note(self, name: str) -> str:
         return self._scorer_notes.get(name, "")

@@ -97,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="at most N cases read by the drafter scorers (not the published configuration)")
     p.add_argument("--split", choices=["test", "validation", "train"], default="test",
                    help="data split of engine/splits.json (publish test only; tune on validation)")
+    p.add_argument("--scorers", default="", metavar="NAME[,NAME]",
+                   help="quality sections: run only these scorers (not the published configuration)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="evaluation data (default: ../shared/data relative to the repository)")
     return p.parse_args(argv)
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = "make bench" + (f" ARGS={shlex.quote(shlex.join(argv))}" if argv else "")
     ctx_kwargs: dict[str, Any] = {"quick": args.quick, "sessions": args.sessions,
-                                  "drafter_sessions": args.drafter_sessions, "split": args.split}
+                                  "drafter_sessions": args.drafter_sessions, "split": args.split,
+                                  "scorers": tuple(n for n in args.scorers.split(",") if n) or None}
     if args.data_dir is not None:
         ctx_kwargs["data_dir"] = args.data_dir.resolve()
     if args.quick:

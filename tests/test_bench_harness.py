@@ -131,3 +131,22 @@ def test_spread_shows_median_and_range() -> None:
     assert spread([3.0, 1.0, 2.0, 10.0, 2.5]) == "2.50 (1.00–10.00)"
     assert spread([4.0]) == "4.00"
     assert spread([]) == "n/a"
+
+
+def test_scorers_flag_reaches_the_quality_sections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[tuple[bool, bool]] = []
+    module = types.ModuleType("benchmarks.bench_fake")
+
+    def run(ctx: object) -> Section:
+        seen.append((ctx.runs("bm25"), ctx.runs("embed")))  # type: ignore[attr-defined]
+        return Section("Fake", "x\n", [])
+
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_fake", module)
+    monkeypatch.setattr(bench_run, "SECTION_ORDER", ["fake"])
+    monkeypatch.setattr(bench_run, "module_exists", lambda name: name == "fake")
+    monkeypatch.setattr(bench_run, "QUICK_DIR", tmp_path / "quick")
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("f" * 40, False))
+    assert bench_run.main(["--quick", "--only", "fake", "--scorers", "bm25"]) == 0
+    assert bench_run.main(["--quick", "--only", "fake"]) == 0
+    assert seen == [(True, False), (True, True)]

@@ -275,15 +275,21 @@ def test_tier_follows_the_engine_and_dropped_files(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+async def restarted_with_a_stored_state(path: Path) -> tuple[SessionRegistry, SessionRecord]:
+    """A session whose state was flushed to disk, and a new registry (a restart) over the store."""
+    registry = registry_at(path)
+    record = await registry.get_or_create(sid("a"), "t", "x")
+    registry.stash(record.session_id, make_state())
+    registry.flush()
+    again = registry_at(path)
+    await again.get_or_create(record.session_id, "t", "x")
+    return again, record
+
+
 def test_prefetch_reads_a_stored_state_once_and_the_engine_gets_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     async def run() -> None:
-        registry = registry_at(tmp_path)
-        record = await registry.get_or_create(sid("a"), "t", "x")
-        registry.stash(record.session_id, make_state())
-        registry.flush()
-        again = registry_at(tmp_path)
-        await again.get_or_create(record.session_id, "t", "x")
+        again, record = await restarted_with_a_stored_state(tmp_path)
         loads: list[str] = []
         real = again.store.load_state
         monkeypatch.setattr(again.store, "load_state", lambda s: loads.append(s) or real(s))
@@ -302,12 +308,7 @@ def test_prefetch_reads_a_stored_state_once_and_the_engine_gets_it(tmp_path: Pat
 
 def test_a_deleted_session_is_never_served_from_a_prefetch(tmp_path: Path) -> None:
     async def run() -> None:
-        registry = registry_at(tmp_path)
-        record = await registry.get_or_create(sid("a"), "t", "x")
-        registry.stash(record.session_id, make_state())
-        registry.flush()
-        again = registry_at(tmp_path)
-        await again.get_or_create(record.session_id, "t", "x")
+        again, record = await restarted_with_a_stored_state(tmp_path)
         again.prefetch(record.session_id)
         again.settle()
         await again.delete(record.session_id)
