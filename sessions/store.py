@@ -42,8 +42,6 @@ from sessions.record import SessionRecord
 
 log = logging.getLogger("pflash.store")
 
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault every page in with one call
-
 @dataclass(frozen=True)
 class StoreEntry:
     session_id: str
@@ -60,14 +58,20 @@ class StoreEntry:
 
 
 def _map_file(path: Path) -> memoryview:
-    """A read-only view of a whole file, mapped and populated at once: the resume path reads the
-    raw plane straight from the page cache instead of copying the file into a `bytes` first."""
+    """A read-only view of a whole file: the resume path reads the raw plane straight from the page
+    cache instead of copying the file into a `bytes` first. Not MAP_POPULATE: CPython holds the
+    GIL through mmap(), so populating there would stall the event loop for the whole disk read.
+    The pages come in on first touch instead (the crc32 pass, which releases the GIL), after a
+    read-ahead hint."""
     with path.open("rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size == 0:
             return memoryview(b"")
         # Unmapped when the last view into it is released, after decoding has copied what it needs.
-        return memoryview(mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+        mapped = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    if hasattr(mmap, "MADV_WILLNEED"):
+        mapped.madvise(mmap.MADV_WILLNEED)
+    return memoryview(mapped)
 
 
 class SessionStore:
