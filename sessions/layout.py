@@ -10,7 +10,7 @@ import msgpack
 
 FORMAT_VERSION = 3  # 3: record and KV in separate files; KV streamed with a header and a crc32 trailer
 META = "meta.msgpack"  # the session record
-KV = "kv.zst"  # KV_MAGIC, u32 header length, msgpack header, zstd frame, u32 crc32 of the frame
+KV = "kv.zst"  # KV_MAGIC, u32 header length, msgpack header, the planes' frames (kv_codec), u32 crc32 of them
 KV_MAGIC = b"PFKV"
 CURRENT = ".current"  # in <store>/sessions: the fingerprint directory the last server used
 
@@ -24,7 +24,7 @@ def fingerprint_dir(fingerprint: str) -> str:
 
 
 def read_kv_header(data: bytes | memoryview) -> tuple[dict[str, Any], int]:
-    """The KV file's header and the offset where its zstd frame starts."""
+    """The KV file's header and the offset where its frames start."""
     if len(data) < 8 or bytes(data[:4]) != KV_MAGIC:
         raise StoreCorrupt("not a KV file")
     (length,) = struct.unpack("<I", data[4:8])
