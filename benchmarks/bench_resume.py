@@ -33,6 +33,8 @@ def run(ctx: BenchContext) -> Section:
                           f"{r.kv_zstd_planes_bytes / r.kv_tokens / 1024:.1f}",
                           f"{r.kv_raw_bytes / r.kv_zstd_planes_bytes:.2f}×", spread([s * 1000 for s in r.store_save_s], 0),
                           spread([s * 1000 for s in r.store_load_s], 0)])
+    resumed_new = [n for r in results for n in r.new_tokens]
+    new_tokens = f"{statistics.median(resumed_new):.0f}" if resumed_new else "n/a"
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [r.tokens for r in results]
@@ -65,7 +67,7 @@ def run(ctx: BenchContext) -> Section:
         + "\nA resume from a cold disk gave the first token sooner than a full prefill "
         + ("; ".join(verdicts) or "(no size with a goal in this run)") + ". A resume includes reading and "
         "checking the KV file, restoring the sequence state into llama.cpp and prefilling the new turn "
-        "(~15 tokens).\n\nThe state on disk (sizes are exact; store times are the store's own save and load of "
+        f"({new_tokens} tokens not covered by the restored state, median over the resumed turns).\n\nThe state on disk (sizes are exact; store times are the store's own save and load of "
         f"this state outside the server, median (min–max) of {reps}, the load from a cold page cache):\n\n"
         + md_table(["history tokens", "KV KiB/token raw", "zstd KiB/token", "stored KiB/token",
                     "compression", "store save ms", "store load ms"], disk_rows)

@@ -191,6 +191,7 @@ class ResumeResult:
     kv_tokens: int
     store_save_s: list[float]  # one per repetition
     store_load_s: list[float]  # page cache cold (the file evicted first)
+    new_tokens: list[int]  # per resumed turn: prompt tokens not served from the restored state
 
 
 def drop_from_page_cache(path: Path) -> None:
@@ -229,7 +230,7 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
     path = next(p for p in (store / "sessions").glob("*/*") if p.is_dir())
     data = (path / KV).read_bytes()
     header, start = read_kv_header(data)
-    raw = bytes(kv_codec.decode(memoryview(data)[start:-4], header["frames"], header["raw_bytes"]))
+    raw = bytes(kv_codec.decode(memoryview(data)[start:-4], header["frames"], np.empty(header["raw_bytes"], np.uint8)))
     packed = data[start:-4]
     plain = len(zstandard.ZstdCompressor(level=1).compress(raw))
     # Store save/load times on this real state, outside the server.
@@ -249,6 +250,9 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
 
     times: dict[str, list[float]] = {"full": [], "warm": [], "cold": []}
     restored: list[str] = []
+    new_tokens: list[int] = []
+    body = {"model": "m", "messages": follow, "max_tokens": 4, "temperature": 0,
+            "stream_options": {"include_usage": True}}
     for rep in range(reps):
         for kind in rotated(list(times), rep):
             target = work / f"{kind}-{uuid.uuid4().hex[:8]}"
@@ -260,19 +264,24 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
                             drop_from_page_cache(file)
             resumed = GatewayProcess(target, *flags)
             try:
-                elapsed, _headers = ttft_stream(resumed.url, session, follow)
+                turn = stream_turn(resumed.url, body, {"X-Session-Id": session})
             finally:
                 resumed.stop()
                 shutil.rmtree(target, ignore_errors=True)
-            times[kind].append(elapsed)
+            if turn.status != 200:
+                raise RuntimeError(f"HTTP {turn.status} from {resumed.url}")
+            times[kind].append(turn.ttft)
             if kind != "full":  # a streamed turn's headers leave before its prefill: the log says
                 found = re.search(r"KV restored from (\w+)", resumed.log())
                 restored.append(found.group(1) if found else "none")
+                cached = (turn.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                new_tokens.append(int(turn.usage.get("prompt_tokens", 0)) - int(cached))
         progress(f"repetition {rep + 1}/{reps}")
     return ResumeResult(
         tokens=int(first["usage"]["prompt_tokens"]), full_s=times["full"], warm_s=times["warm"],
         cold_s=times["cold"], restored_from=restored, kv_raw_bytes=len(raw), kv_zstd_planes_bytes=len(packed),
         kv_zstd_plain_bytes=plain, kv_tokens=len(header["tokens"]), store_save_s=save_s, store_load_s=load_s,
+        new_tokens=new_tokens,
     )
 
 

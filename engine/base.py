@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.constraints import Grammar, OutputConstraint
 from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
@@ -93,6 +93,10 @@ class StateTier(Protocol):
 
     def prefetch(self, session_id: str) -> None:
         """A turn for this session is coming: start reading its state from disk (a hint)."""
+        ...
+
+    def buffer(self, n: int) -> Any:
+        """A writable uint8 numpy array of `n` bytes to save a state into (memory the tier reuses)."""
         ...
 
 

@@ -243,6 +243,14 @@ def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:
     yield GaugeMetricFamily("pflash_session_record_bytes", "Approximate bytes of the session records held in memory "
                             "(counted in the RAM budget with the KV states).", value=s.get("record_bytes", 0.0))
     yield _counter("pflash_session_spills", "KV states moved from RAM to disk for the RAM budget.", s.get("spills", 0.0))
+    yield GaugeMetricFamily("pflash_state_buffer_bytes", "Bytes of the reused buffers that KV states are saved and "
+                            "loaded into (at most two, outside the RAM budget while free).",
+                            value=s.get("state_buffer_bytes", 0.0))
+    buffers = _counter("pflash_state_buffers", "State buffers handed out, by whether one was reused or allocated "
+                       "(fresh memory costs a first touch).", labels=["kind"])
+    for kind in ("reused", "allocated"):
+        buffers.add_metric([kind], s.get(f"state_buffers_{kind}", 0.0))
+    yield buffers
     yield _counter("pflash_session_records_evicted",
                    "Session records dropped from memory for the RAM budget (a changed one is written first; it is "
                    "read back from the store on its next turn).", s.get("records_evicted", 0.0))

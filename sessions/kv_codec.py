@@ -8,8 +8,9 @@ whose planes both compress (or neither) is stored as well as it can be.
 
 Resume time is time to first token: `decode` joins the planes, a chunk at a time, into one
 writable buffer that llama.cpp reads in place (no `bytes` copy, no ctypes copy). Fresh memory is
-slow to touch the first time (page faults, and on a VM the host's own), so nothing else the size
-of the state is allocated.
+slow to touch the first time (page faults, and on a VM the host's own), so the caller passes that
+buffer in (sessions/state_buffers.py reuses them) and nothing else the size of the state is
+allocated.
 """
 
 from __future__ import annotations
@@ -106,10 +107,12 @@ class _PlaneReader:
                     raise ValueError("a plane has the wrong size")
 
 
-def decode(body: memoryview, frames: Sequence[Sequence[object]], n: int) -> memoryview:
-    """The state's `n` bytes from the frames of `encode`, writable (ctypes shares a writable buffer
-    instead of copying it). ValueError on a table that does not fit the body or the size;
+def decode(body: memoryview, frames: Sequence[Sequence[object]], out: np.ndarray) -> memoryview:
+    """The state's bytes from the frames of `encode`, written into `out` (uint8, exactly the
+    state's size) and returned as a writable view (ctypes shares a writable buffer instead of
+    copying it). ValueError on a table that does not fit the body or the size;
     zstandard.ZstdError on a damaged frame (its xxh64 checksum)."""
+    n = len(out)
     if len(frames) != 2:
         raise ValueError(f"{len(frames)} frames, expected 2")
     readers: list[_PlaneReader] = []
@@ -122,8 +125,6 @@ def decode(body: memoryview, frames: Sequence[Sequence[object]], n: int) -> memo
     if at != len(body):
         raise ValueError("bytes after the last frame")
     low, high = readers
-    # numpy's allocation, not bytearray's: no zero fill, and huge pages where the kernel has them.
-    out = np.empty(n, dtype=np.uint8)
     pairs = out[: n - n % 2].view("<u2")  # little-endian: the low byte first, whatever the host
     for start in range(0, high.size, CHUNK):
         k = min(CHUNK, high.size - start)
@@ -137,13 +138,13 @@ def decode(body: memoryview, frames: Sequence[Sequence[object]], n: int) -> memo
     return memoryview(out)
 
 
-def decode_single_frame(frame: memoryview, n: int) -> memoryview:
+def decode_single_frame(frame: memoryview, out: np.ndarray) -> memoryview:
     """Files written before the frame table: both planes, concatenated, in one zstd frame."""
+    n = len(out)
     data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=n)
     if len(data) != n:
         raise ValueError("the frame holds the wrong number of bytes")
     arr = np.frombuffer(data, dtype=np.uint8)
-    out = np.empty(n, dtype=np.uint8)
     low = plane_sizes(n)[0]
     out[0::2], out[1::2] = arr[:low], arr[low:]
     return memoryview(out)

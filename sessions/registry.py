@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 from engine.base import SavedState
 from sessions.files import StoreLock
 from sessions.record import SessionRecord
+from sessions.state_buffers import held_bytes
 from sessions.store import SessionStore
 
 log = logging.getLogger("pflash.sessions")
@@ -75,8 +76,10 @@ class SessionRegistry:
         self._ahead: tuple[str, Future[SavedState | None]] | None = None  # a disk load started by prefetch()
         self._deleted: set[str] = set()  # deleted while the engine may still hold their state
         self._sync_timer: threading.Timer | None = None
-        self.store.index()  # scan once now (the caller runs us off the event loop)
+        entries = self.store.index()  # scan once now (the caller runs us off the event loop)
         self.store.stale_dirs()
+        # The first resume after a restart writes into memory touched now, not at its first token.
+        self.store.buffers.warm(max((e.kv_raw_bytes for e in entries.values()), default=0))
         self.counters: dict[str, int] = {"spills": 0, "store_errors": 0, "records_evicted": 0}
 
     # --- the I/O thread ----------------------------------------------------------------------------
@@ -221,7 +224,7 @@ class SessionRegistry:
             self._written.pop(session_id, None)
             state = self._ram.pop(session_id, None)
             if state is not None:
-                self._ram_bytes -= len(state.blob)
+                self._ram_bytes -= held_bytes(state.blob)
             if self._in_context and self._in_context[0] == session_id:
                 self._in_context = None
             if self._ahead and self._ahead[0] == session_id:
@@ -252,7 +255,7 @@ class SessionRegistry:
             tenant=record.tenant if record else (disk.tenant if disk else ""),
             tier=tier,
             tokens=tokens,
-            ram_bytes=len(ram.blob) if ram is not None else 0,
+            ram_bytes=held_bytes(ram.blob) if ram is not None else 0,
             disk_bytes=disk.total_bytes if disk else 0,
             last_used=record.last_used if record else (disk.last_used if disk else 0.0),
             created_at=record.created_at if record else 0.0,
@@ -264,6 +267,10 @@ class SessionRegistry:
         with self._lock:
             self._in_context = (session_id, tokens) if session_id is not None and tokens > 0 else None
 
+    def buffer(self, n: int) -> Any:
+        """A writable uint8 array of `n` bytes for a state the engine saves (reused memory)."""
+        return self.store.buffers.take(n)
+
     def stash(self, session_id: str, state: SavedState) -> None:
         with self._lock:
             if self._in_context and self._in_context[0] == session_id:
@@ -272,13 +279,13 @@ class SessionRegistry:
                 return  # deleted meanwhile
             old = self._ram.pop(session_id, None)
             if old is not None:
-                self._ram_bytes -= len(old.blob)
+                self._ram_bytes -= held_bytes(old.blob)
             self._ram[session_id] = state
-            self._ram_bytes += len(state.blob)
+            self._ram_bytes += held_bytes(state.blob)
             victims: list[tuple[str, SavedState]] = []
             while self._ram and self._ram_bytes > self._budget:
                 victim, victim_state = self._ram.popitem(last=False)
-                self._ram_bytes -= len(victim_state.blob)
+                self._ram_bytes -= held_bytes(victim_state.blob)
                 self._spilling[victim] = victim_state
                 victims.append((victim, victim_state))
                 self.counters["spills"] += 1
@@ -316,7 +323,7 @@ class SessionRegistry:
         with self._lock:
             state = self._ram.pop(session_id, None)
             if state is not None:
-                self._ram_bytes -= len(state.blob)
+                self._ram_bytes -= held_bytes(state.blob)
             else:
                 state = self._spilling.get(session_id)
             ahead = None
@@ -402,6 +409,8 @@ class SessionRegistry:
                 "sessions_records": float(len(self._records)),
                 "ram_bytes": float(self._ram_bytes),
                 "record_bytes": float(self._records_total),
+                "state_buffer_bytes": float(self.store.buffers.held_bytes()),
+                **{f"state_buffers_{k}": float(v) for k, v in self.store.buffers.counters.items()},
                 "disk_bytes": float(sum(e.total_bytes for e in disk.values()) + self.store.stale_bytes()),
                 **{k: float(v) for k, v in self.counters.items()},
                 **{f"store_{k}": float(v) for k, v in self.store.counters.items()},

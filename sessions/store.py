@@ -39,6 +39,7 @@ from sessions import kv_codec
 from sessions.files import PendingSyncs, make_private_dirs, write_atomic
 from sessions.layout import CURRENT, FORMAT_VERSION, KV, KV_MAGIC, META, StoreCorrupt, fingerprint_dir, head_bytes, read_kv_header
 from sessions.record import SessionRecord
+from sessions.state_buffers import StateBuffers
 
 log = logging.getLogger("pflash.store")
 
@@ -88,6 +89,7 @@ class SessionStore:
                                          "record_writes": 0, "syncs": 0, "sync_failures": 0, "kv_bytes_written": 0,
                                          "record_bytes_written": 0, "leftovers_removed": 0}
         self.pending = PendingSyncs()
+        self.buffers = StateBuffers()  # what loaded states are decoded into
         self._index_lock = threading.Lock()
         self._entries: dict[str, StoreEntry] | None = None  # the index, once scanned
         self._stale: dict[Path, tuple[int, float]] | None = None  # other fingerprints: (bytes, mtime)
@@ -244,7 +246,8 @@ class SessionStore:
                 raise StoreCorrupt("KV checksum mismatch (truncated or modified)")
             raw = int(header["raw_bytes"])
             frames = header.get("frames")
-            blob = kv_codec.decode_single_frame(frame, raw) if frames is None else kv_codec.decode(frame, frames, raw)
+            out = self.buffers.take(raw)
+            blob = kv_codec.decode_single_frame(frame, out) if frames is None else kv_codec.decode(frame, frames, out)
             tokens = tuple(int(t) for t in header["tokens"])
         except FileNotFoundError:
             return None

@@ -115,3 +115,26 @@ def test_corrupt_store_serves_by_full_prefill(start_gateway, tmp_path: Path, fau
     assert again.headers["X-PFlash-Restored-From"] == "none"
     assert "stored session" in restarted.log() or "stored KV discarded" in restarted.log()
     assert httpx.get(restarted.url + "/health").status_code == 200
+
+
+def test_resume_after_restart_writes_into_a_buffer_touched_at_start(start_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A state of a few MB: the restarted server touches a buffer for it before its first request
+    (freed memory on a VM costs a first touch again), and the resume decodes into that buffer."""
+    from tests.metrics_util import scrape, value
+
+    session = "buffers-" + uuid.uuid4().hex
+    history = [{"role": "system", "content": SYSTEM * 5}, first_turn()[1]]
+    server = start_gateway(store=tmp_path / "store")
+    reply = chat(server, session, history, max_tokens=4)
+    assert server.stop(signal.SIGTERM) == 0
+    stored = next(p for p in (tmp_path / "store" / "sessions").glob("*/*") if p.is_dir())
+    raw = read_kv_header((stored / KV).read_bytes())[0]["raw_bytes"]
+
+    resumed = start_gateway(store=tmp_path / "store")
+    before = scrape(resumed.url)
+    assert value(before, "pflash_state_buffer_bytes") >= raw > 4 << 20
+    again = chat(resumed, session, follow_up(history, reply, "Why?"), max_tokens=4)
+    assert again.headers["X-PFlash-Restored-From"] == "disk"
+    after = scrape(resumed.url)
+    assert value(after, "pflash_state_buffers_total", kind="reused") == 1
+    assert value(after, "pflash_state_buffers_total", kind="allocated") == 1  # the one touched at start

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,7 +42,7 @@ def make_state(n: int = 300, size: int = 50_000) -> SavedState:
 
 def _decoded(blob: bytes, level: int = 1) -> tuple[list[kv_codec.Frame], memoryview]:
     frames, parts = kv_codec.encode(blob, level)
-    return frames, kv_codec.decode(memoryview(b"".join(parts)), frames, len(blob))
+    return frames, kv_codec.decode(memoryview(b"".join(parts)), frames, np.empty(len(blob), np.uint8))
 
 
 @given(st.binary(max_size=4096), st.sampled_from([1, 3]))
@@ -69,9 +70,9 @@ def test_kv_codec_rejects_a_frame_table_that_does_not_fit() -> None:
     frames, parts = kv_codec.encode(blob, 1)
     body = memoryview(b"".join(parts))
     with pytest.raises(ValueError):
-        kv_codec.decode(body, [frames[0], (frames[1][0], frames[1][1] + 1)], len(blob))
+        kv_codec.decode(body, [frames[0], (frames[1][0], frames[1][1] + 1)], np.empty(len(blob), np.uint8))
     with pytest.raises(ValueError):
-        kv_codec.decode(body, [("lz4", frames[0][1]), frames[1]], len(blob))
+        kv_codec.decode(body, [("lz4", frames[0][1]), frames[1]], np.empty(len(blob), np.uint8))
 
 
 def test_kv_codec_checks_a_compressed_plane_to_its_last_byte() -> None:
@@ -84,7 +85,7 @@ def test_kv_codec_checks_a_compressed_plane_to_its_last_byte() -> None:
         body = bytearray(b"".join(kv_codec.encode(blob, 1)[1]))
         body[offset] ^= 0x41
         with pytest.raises((ValueError, zstandard.ZstdError)):
-            kv_codec.decode(memoryview(bytes(body)), frames, len(blob))
+            kv_codec.decode(memoryview(bytes(body)), frames, np.empty(len(blob), np.uint8))
 
 
 def test_a_kv_file_of_the_single_frame_layout_still_loads(tmp_path: Path) -> None:
