@@ -13,8 +13,11 @@ omitted, not with whether the answer was: it fired on 95 % of follow-ups. θ is 
 validation split (see BENCHMARKS.md). θ = 0 recalls whenever anything is hidden; θ = 1 only when
 nothing visible has any relevance.
 
-What comes back is what stands out: hidden units holding at least RECALL_FLOOR of the best hidden
-unit's relevance, densest first, within a token budget, as labelled excerpts.
+What comes back: hidden units with any relevance above the median, densest first, within a token
+budget, as labelled excerpts. A floor relative to the best hidden unit (0.3 of it, until issue 12's
+tuning) recalled fewer tokens but missed gold the budget had room for: on the MTRAG validation
+split, all gold present at the last turn rose from 85 % to 90 % (BM25) and from 93 % to 96 %
+(embed) at θ = 0.45 without it, for ~20 % more recalled tokens per follow-up.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from policies.selection import relevance_mass
 
 DEFAULT_THETA = 0.45
 DEFAULT_RECALL_BUDGET = 2048
-RECALL_FLOOR = 0.3  # a recalled unit holds at least this share of the best omitted unit's mass
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,9 @@ def decide_recall(
     if share < theta or (theta >= 1.0 and share < 1.0):
         return RecallDecision(False, share, (), "below_theta")
     candidates = [i for i in range(n) if hidden[i]]
-    top = max(mass[i] for i in candidates)
-    # Bring back what stands out, not everything above the background: each excerpt costs
-    # prefill on the follow-up, and a unit far weaker than the best one rarely holds the answer.
-    relevant = [i for i in candidates if mass[i] > 0 and mass[i] >= RECALL_FLOOR * top]
-    pool = relevant or candidates
+    # Units at or under the median are background: they never fill the budget, unless none has
+    # any relevance (θ = 0 asks to recall anyway).
+    pool = [i for i in candidates if mass[i] > 0] or candidates
 
     def density(i: int) -> float:
         return math.inf if tokens[i] <= 0 else mass[i] / tokens[i]

@@ -19,9 +19,9 @@ def test_recall_when_the_best_hidden_unit_rivals_the_best_visible_one() -> None:
     d = decide_recall(scores, tokens, omitted, frozenset(), theta=0.3, budget_tokens=65)
     assert d.recall and d.reason == "recall"
     assert d.peak_share == pytest.approx(3.0 / (3.0 + 5.0))
-    # Unit 1 (0.5) is under 0.3 × the best hidden mass (3.0). Densities: unit 3 (0.15) > unit 2
-    # (0.05); 10 + 60 > 65, so only 3.
-    assert d.units == (3,)
+    # Densities: unit 3 (0.15) > unit 2 (0.05) > unit 1 (0.01); 10 + 60 > 65, so 2 is skipped
+    # and 1 still fits; the units without relevance never come back.
+    assert d.units == (1, 3)
     # The same question at a stricter θ: the kept unit answers it better; nothing comes back.
     assert decide_recall(scores, tokens, omitted, frozenset(), theta=0.5).reason == "below_theta"
 
@@ -39,7 +39,9 @@ def test_the_gate_does_not_grow_with_how_much_was_omitted() -> None:
     question_about_omitted = list(question_about_kept)
     question_about_omitted[30] = 12.0  # one hidden unit answers better than anything kept
     d = decide_recall(question_about_omitted, [10] * 41, omitted, frozenset(), theta=0.5)
-    assert d.recall and d.units == (30,)
+    assert d.recall and 30 in d.units and set(d.units) == set(range(26, 41))  # the relevant ones, room for all
+    tight = decide_recall(question_about_omitted, [10] * 41, omitted, frozenset(), theta=0.5, budget_tokens=10)
+    assert tight.units == (30,)  # densest first
 
 
 def test_background_scores_shared_by_every_unit_carry_no_mass() -> None:
@@ -166,8 +168,8 @@ def test_recall_over_turns_never_repeats_a_unit(n: int, seed: int, budget: int) 
     assert recalled <= {i for i in range(n) if omitted[i]}
 
 
-def test_recall_brings_back_what_stands_out_not_the_whole_budget() -> None:
-    scores = [0.0] * 20 + [9.0, 1.0, 0.5, 8.0]
-    omitted = [False] * 20 + [True] * 4
-    d = decide_recall(scores, [10] * 24, omitted, frozenset(), theta=0.5, budget_tokens=1000)
-    assert d.units == (20, 23)  # 1.0 and 0.5 are below 0.3 × 9.0
+def test_recall_brings_back_relevant_units_not_the_background() -> None:
+    scores = [0.0] * 20 + [9.0, 1.0, 0.5, 8.0] + [0.0] * 6
+    omitted = [False] * 20 + [True] * 10
+    d = decide_recall(scores, [10] * 30, omitted, frozenset(), theta=0.5, budget_tokens=1000)
+    assert d.units == (20, 21, 22, 23)  # the budget had room for the six others: no relevance
