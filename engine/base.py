@@ -111,6 +111,10 @@ class Engine(Protocol):
         """A turn for this session is coming: start fetching its saved KV state, if any (a hint)."""
         ...
 
+    def idle(self) -> bool:
+        """No turn queued or running on this machine's cores (a scorer may use them all)."""
+        ...
+
     async def prepare(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], constraint: OutputConstraint = OutputConstraint()
     ) -> PreparedPrompt:

@@ -227,6 +227,9 @@ class LlamaEngine:
     def stats(self) -> dict[str, float]:
         return {**self._counters, "queue_depth": self._pending}
 
+    def idle(self) -> bool:
+        return self._pending == 0
+
     # --- generation ------------------------------------------------------------------------------
     def stream(self, session_id: str, prompt: PreparedPrompt, params: SamplingParams) -> AsyncIterator[EngineEvent]:
         """Queue a turn (EngineBusy at once if the queue is full) and return its events."""

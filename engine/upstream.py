@@ -209,6 +209,9 @@ class UpstreamEngine:
             await self._session.close()
             self._session = None
 
+    def idle(self) -> bool:
+        return True  # the model runs on the upstream's machine: our cores are free for scoring
+
     def stats(self) -> dict[str, float]:
         return dict(self._counters)
 

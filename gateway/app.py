@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
+from engine.embedder import encoder_of
 from gateway import admin, ui
 from gateway.api import chat as chat_api
 from gateway.api import chat_output, messages_output, responses_output
@@ -225,6 +226,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
                                           settings.max_segment, settings.request_tokens, settings.fallback_spread,
                                           settings.recall_theta, settings.recall_budget)
         choice = build_scorer(settings)
+        encoder = encoder_of(choice.scorer)
+        if encoder is not None:  # every core for the encoder while no turn needs them
+            encoder.engine_idle = engine.idle
+            log.info("sentence encoder: %d thread(s) while a turn runs, %d while the engine is idle",
+                     encoder.busy_threads, encoder.idle_threads)
         turns = TurnService(engine, registry, choice.scorer, compression)
         if choice.fallback is not None:  # /metrics: the configured scorer did not load
             turns.counters["scorer_fallbacks"] = 1

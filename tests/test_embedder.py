@@ -116,6 +116,26 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
     after.close()
 
 
+def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: Path) -> None:
+    from engine.drafter import FusionScorer
+    from engine.embedder import EmbeddingScorer, encoder_of
+
+    scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
+    assert encoder_of(FusionScorer(scorer, name="hybrid")) is scorer.encoder is encoder_of(scorer)
+    encoder = scorer.encoder
+    texts = ["def add(a, b): return a + b", "The disk quota was exceeded.", "import numpy as np"]
+    busy = encoder.embed(texts)
+    assert encoder._threads == encoder.busy_threads == 1
+    encoder.engine_idle = lambda: True
+    idle = encoder.embed(texts)
+    assert encoder._threads == encoder.idle_threads >= 1
+    np.testing.assert_allclose((busy * idle).sum(axis=1), 1.0, atol=1e-4)  # same vectors either way
+    encoder.engine_idle = lambda: False
+    encoder.embed(texts)
+    assert encoder._threads == 1
+    scorer.close()
+
+
 def test_gateway_serves_with_the_hybrid_scorer_and_falls_back_when_it_is_missing(
         start_gateway, embedder_path: Path, tmp_path: Path) -> None:
     import httpx
@@ -127,6 +147,7 @@ def test_gateway_serves_with_the_hybrid_scorer_and_falls_back_when_it_is_missing
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     assert r.headers["X-PFlash-Compressed"] == "true" and r.headers["X-PFlash-Scorer"] == "hybrid"
+    assert "while the engine is idle" in server.log()  # the encoder knows when the cores are free
     server.stop()
 
     missing = start_gateway("--scorer", "hybrid", "--embedder", str(tmp_path / "missing.gguf"), store=tmp_path / "s2")
