@@ -83,11 +83,17 @@ def stream_turn(url: str, body: dict[str, Any], headers: dict[str, str] | None =
 
 def ttft_stream(url: str, session: str, messages: list[dict[str, Any]], timeout: float = 1800) -> tuple[float, httpx.Headers]:
     """A session's streamed turn of 4 greedy tokens: its time to first token and its headers."""
-    turn = stream_turn(url, {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0},
-                       {"X-Session-Id": session}, timeout)
+    turn = session_turn(url, session, {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0},
+                        timeout)
+    return turn.ttft, turn.headers
+
+
+def session_turn(url: str, session: str, body: dict[str, Any], timeout: float = 1800) -> StreamedTurn:
+    """A session's streamed turn; RuntimeError unless it answered 200."""
+    turn = stream_turn(url, body, {"X-Session-Id": session}, timeout)
     if turn.status != 200:
         raise RuntimeError(f"HTTP {turn.status} from {url}")
-    return turn.ttft, turn.headers
+    return turn
 
 
 # --- realistic agent histories ------------------------------------------------------------------
@@ -264,12 +270,10 @@ def measure_resume(model: Path, work: Path, history: list[dict[str, str]], n_ctx
                             drop_from_page_cache(file)
             resumed = GatewayProcess(target, *flags)
             try:
-                turn = stream_turn(resumed.url, body, {"X-Session-Id": session})
+                turn = session_turn(resumed.url, session, body)
             finally:
                 resumed.stop()
                 shutil.rmtree(target, ignore_errors=True)
-            if turn.status != 200:
-                raise RuntimeError(f"HTTP {turn.status} from {resumed.url}")
             times[kind].append(turn.ttft)
             if kind != "full":  # a streamed turn's headers leave before its prefill: the log says
                 found = re.search(r"KV restored from (\w+)", resumed.log())

@@ -409,7 +409,7 @@ class SessionRegistry:
                 "sessions_records": float(len(self._records)),
                 "ram_bytes": float(self._ram_bytes),
                 "record_bytes": float(self._records_total),
-                "state_buffer_bytes": float(self.store.buffers.held_bytes()),
+                "state_buffer_bytes": float(self.store.buffers.pooled_bytes()),
                 **{f"state_buffers_{k}": float(v) for k, v in self.store.buffers.counters.items()},
                 "disk_bytes": float(sum(e.total_bytes for e in disk.values()) + self.store.stale_bytes()),
                 **{k: float(v) for k, v in self.counters.items()},

@@ -72,7 +72,8 @@ class StateBuffers:
         for at in range(0, len(whole), TOUCH_CHUNK):
             whole[at : at + TOUCH_CHUNK] = 0
 
-    def held_bytes(self) -> int:
+    def pooled_bytes(self) -> int:
+        """Bytes of every buffer in the pool, free or in use."""
         with self._lock:
             return sum(len(buf) for buf in self._pool)
 

@@ -44,7 +44,7 @@ def test_views_memoryviews_and_ctypes_keep_a_buffer_busy() -> None:
 def test_pool_keeps_at_most_keep_buffers() -> None:
     pool = StateBuffers(keep=2)
     held = [pool.take(BIG) for _ in range(5)]
-    assert pool.held_bytes() <= 2 * len(held[0].base)
+    assert pool.pooled_bytes() <= 2 * len(held[0].base)
     assert pool.counters["allocated"] == 5
     del held
     pool.take(BIG)
@@ -55,9 +55,9 @@ def test_pool_keeps_at_most_keep_buffers() -> None:
 def test_small_states_are_not_pooled_and_warm_gives_a_reusable_touched_buffer() -> None:
     pool = StateBuffers()
     small = pool.take(1000)
-    assert small.base is None and pool.held_bytes() == 0
+    assert small.base is None and pool.pooled_bytes() == 0
     pool.warm(BIG)
-    assert pool.held_bytes() >= BIG
+    assert pool.pooled_bytes() >= BIG
     pool.take(BIG)
     assert pool.counters["reused"] == 1
     # A state a little larger (the next turn) still fits the same buffer.
@@ -96,7 +96,7 @@ def test_registry_warms_a_buffer_for_the_largest_stored_state(tmp_path: Path) ->
     record = make_record("a")
     store.save(record, big_state(3))
     registry = SessionRegistry(SessionStore(tmp_path, FP), ram_budget_bytes=10**9)
-    assert registry.store.buffers.held_bytes() >= BIG
+    assert registry.store.buffers.pooled_bytes() >= BIG
     assert registry.fetch(record.session_id) == (big_state(3), "disk")
     assert registry.stats()["state_buffers_reused"] == 1  # the resume wrote into the warmed buffer
     registry.close()
