@@ -69,9 +69,11 @@ def _passage_block(k: int, doc_id: str, text: str) -> str:
 
 
 def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit: int | None,
-                  seed: int, distractors: list[dict[str, Any]] | None = None) -> tuple[list[Replay], dict[str, int]]:
+                  seed: int, distractors: list[dict[str, Any]] | None = None, need_followup: bool = True,
+                  ) -> tuple[list[Replay], dict[str, int]]:
     """Replays of `records`; distractor passages come from `distractors` (default: the same
-    records): passages are not labels, so a split's conversations may draw on every collection."""
+    records): passages are not labels, so a split's conversations may draw on every collection.
+    Without `need_followup`, one-question conversations are kept too (no question indices)."""
     from policies.conversation import Message, ToolCall
     from policies.rendering import split_lines
 
@@ -90,7 +92,7 @@ def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit:
             skipped["no gold passage"] += 1
             continue
         users = [i for i, t in enumerate(turns) if t["speaker"] == "user"]
-        if len(users) < 2:
+        if len(users) < (2 if need_followup else 1):
             skipped["no follow-up"] += 1
             continue
         rng = random.Random(f"{seed}:{r['task_id']}")
@@ -131,7 +133,7 @@ def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit:
                 messages.append(Message("user", t["text"]))
             else:
                 messages.append(Message("assistant", t["text"]))
-        if not question_indices or messages[-1].role != "user":
+        if need_followup and (not question_indices or messages[-1].role != "user"):
             skipped["no follow-up"] += 1
             continue
         replays.append(Replay(r["task_id"], r["Collection"], messages, 2, question_indices, spans, count(text),

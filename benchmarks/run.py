@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:  # run as a script: make the project's packages im
 from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md: the headline first.
-SECTION_ORDER = ["replay", "retention", "recall", "head", "prefill", "overhead", "resume", "ttft", "load", "faults",
-                 "durability", "crash"]
+SECTION_ORDER = ["replay", "retention", "rag_retention", "recall", "head", "prefill", "overhead", "resume", "ttft",
+                 "load", "faults", "durability", "crash"]
 # Named suites, each a set of whole sections; `make bench` with no --suite runs every section.
 SUITES = {
     "replay": ["replay"],
@@ -45,7 +45,7 @@ SUITES = {
     "prefill": ["prefill"],
     "durability": ["durability"],
     "crash": ["crash"],
-    "quality": ["retention", "recall", "head"],
+    "quality": ["retention", "rag_retention", "recall", "head"],
 }
 OUTPUT = ROOT / "BENCHMARKS.md"
 QUICK_DIR = ROOT / "benchmarks" / ".cache" / "quick"  # smoke runs: never published

@@ -133,11 +133,14 @@ def _tool_request(
     if found is not None:
         i, call = found
         parts.append((2 * i + 1, f"{call.name} {call.arguments}", "head"))
+    # The agent's words around the call say what it wants from this output; the task is broader
+    # and often long enough to use the whole budget, so it comes after them (tuning splits: +11
+    # points of gold kept on train's tool outputs, equal on validation; BENCHMARKS.md).
+    if found is not None and messages[found[0]].content.strip():
+        parts.append((2 * found[0], messages[found[0]].content, "tail"))
     user = _latest(messages, target_index, "user")
     if user is not None:
         parts.append((2 * user[0], user[1], "ends"))
-    if found is not None and messages[found[0]].content.strip():
-        parts.append((2 * found[0], messages[found[0]].content, "tail"))
     system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
     if system is not None:
         parts.append((2 * system, messages[system].content, "whole"))

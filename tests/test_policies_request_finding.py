@@ -52,10 +52,22 @@ def test_tool_request_trims_low_priority_parts_first() -> None:
     r = find_request(msgs, 4, words, max_scored_tokens=12)
     assert words(r.scored) <= 12
     assert 'grep {"pattern": "load_state"}' in r.scored  # the call survives
-    assert "restart?" in r.scored  # the latest user text keeps its end
+    assert "and grep for the loader." in r.scored  # then the agent's words, keeping their end
+    assert "restart?" not in r.scored  # the task comes after them
     assert "careful" not in r.scored  # the system prompt goes first
+    r = find_request(msgs, 4, words, max_scored_tokens=20)
+    assert "Let me read the store" in r.scored and "restart?" in r.scored  # room for the task's end
     r = find_request(msgs, 4, words, max_scored_tokens=3)
     assert r.scored == 'grep {"pattern": "load_state"}'
+
+
+def test_a_long_task_does_not_crowd_out_the_agents_words() -> None:
+    msgs = conversation()
+    msgs[1] = Message("user", "The session store loses state. " * 60)
+    r = find_request(msgs, 4, words, max_scored_tokens=40)
+    assert "Let me read the store and grep for the loader." in r.scored
+    assert "session store" in r.scored  # the task fills what is left
+    assert words(r.scored) <= 40
 
 
 def test_tool_without_id_matches_by_name() -> None:
