@@ -145,6 +145,14 @@ class BenchContext:
         """Whether a quality section runs this scorer (`--scorers`)."""
         return self.scorers is None or scorer in self.scorers
 
+    def forget_features(self) -> None:
+        """Empty the unit caches of the shared models (encoder, drafter): sections share one model in
+        memory but must not share what it read, or a later section would time warm scoring as cold."""
+        for scorer in self._scorers.values():
+            forget = getattr(scorer, "forget_features", None)
+            if forget is not None:
+                forget()
+
     def scorer_note(self, name: str) -> str:
         return self._scorer_notes.get(name, "")
 

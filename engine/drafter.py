@@ -334,6 +334,10 @@ class FeatureCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
     @staticmethod
     def key(text: str) -> bytes:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
@@ -441,6 +445,11 @@ class DrafterScorer:
     def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int:
         with self._lock:
             return self._cache.restore(features, self._reader.n_embd)
+
+    def forget_features(self) -> None:
+        """Empty the unit cache: the next scoring reads every unit again (a benchmark's cold start)."""
+        with self._lock:
+            self._cache.clear()
 
     def tokenize(self, text: str) -> list[int]:
         return self._reader.tokenize(text)

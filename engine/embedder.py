@@ -156,6 +156,11 @@ class EmbeddingScorer:
         with self._lock:
             return self._cache.restore(features, self.encoder.n_embd)
 
+    def forget_features(self) -> None:
+        """Empty the unit cache: the next scoring embeds every unit again (a benchmark's cold start)."""
+        with self._lock:
+            self._cache.clear()
+
     def _embed(self, id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         started = time.perf_counter()
         try:

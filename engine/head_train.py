@@ -396,7 +396,6 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
     `cache_dir/head-features/<key>/`: an interrupted or resized run keeps what it read.
     """
     from engine.agent_data import load_jsonl_zst
-    from engine.drafter import FeatureCache
     from engine.head import drafter_features
     from policies.lexical import bm25_scores
 
@@ -437,7 +436,7 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
                 msg, exs = pickle.load(fh)
             cached += 1
         else:
-            drafter._cache = FeatureCache(drafter._cache.budget_bytes)  # this message alone
+            drafter.forget_features()  # this message alone
             msg, exs = None, []
             for request, items in spec["turns"]:
                 feats, query, n_tokens = drafter_features(drafter, spec["units"], request)

@@ -150,3 +150,28 @@ def test_scorers_flag_reaches_the_quality_sections(monkeypatch: pytest.MonkeyPat
     assert bench_run.main(["--quick", "--only", "fake", "--scorers", "bm25"]) == 0
     assert bench_run.main(["--quick", "--only", "fake"]) == 0
     assert seen == [(True, False), (True, True)]
+
+
+def test_every_section_meets_the_shared_models_cold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Sections share one encoder in memory, not what it read: a later section must not time warm
+    scoring as a first compression."""
+    events: list[str] = []
+
+    class Encoder:
+        def forget_features(self) -> None:
+            events.append("forget")
+
+    module = types.ModuleType("benchmarks.bench_fake")
+
+    def run(ctx: object) -> Section:
+        events.append("run")
+        return Section("Fake", "x\n", [])
+
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_fake", module)
+    ctx = bench_run.BenchContext(quick=True, plots_dir=tmp_path / "p", results_dir=tmp_path / "r",
+                                 cache_dir=tmp_path / "c", model_error="none here")
+    ctx._scorers.update({"embed": Encoder(), "bm25": object(), "drafter": None})
+    bench_run.run_section("fake", ctx)
+    bench_run.run_section("fake", ctx)
+    assert events == ["forget", "run", "forget", "run"]

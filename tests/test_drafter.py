@@ -95,6 +95,10 @@ def test_cache_makes_a_follow_up_read_only_the_request(drafter: DrafterScorer) -
     assert second["requests_read"] - first["requests_read"] == 1
     assert second["tokens_read"] - first["tokens_read"] == len(drafter.tokenize(follow_up)) + 1  # + BOS
     assert drafter.cache_bytes == second["cache_bytes"]
+    drafter.forget_features()  # a benchmark section's cold start: every unit is read again
+    assert drafter.cache_bytes == 0
+    drafter.score(units, follow_up)
+    assert drafter.stats()["units_read"] - second["units_read"] == len(units)
 
 
 def test_empty_request_fails_loudly(drafter: DrafterScorer) -> None:
@@ -112,6 +116,8 @@ def test_feature_cache_is_a_byte_bounded_lru() -> None:
     cache.put(c, vec, 1)
     assert cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
     assert cache.bytes <= cache.budget_bytes and len(cache) == 2
+    cache.clear()
+    assert len(cache) == 0 and cache.bytes == 0 and cache.get(a) is None
 
 
 def test_mass_keeps_the_order_and_zeroes_the_lower_half() -> None:
