@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.bench_recall import CALL_ID, DATA, Replay, build_replays
-from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, bootstrap, head_tail, random_units
+from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, bootstrap, ci_cell, head_tail, random_units
 from benchmarks.common import (
     BenchContext,
     MemoScorer,
@@ -54,7 +54,6 @@ class Retrieval:
 class Shares:
     by_budget: dict[str, list[float]] = field(default_factory=dict)  # budget key -> per conversation
     compressed: dict[str, int] = field(default_factory=dict)
-    seconds: list[float] = field(default_factory=list)
 
 
 def retrieval_turn(rep: Replay, line_tokens: list[int]) -> Retrieval | None:
@@ -126,21 +125,14 @@ def run(ctx: BenchContext) -> Section:
         for case in ctx.progress(cases, f"rag retention: {name}"):
             memo.clear()
             compressor = MessageCompressor(TokenCountCache(ctx.count_tokens), memo, settings)
-            for k, key in enumerate(keys):
-                plan, report = compressor.compress(case.messages, len(case.messages) - 1, case.tokens,
-                                                   keep_ratio=None if key == CURVE else float(key))
-                if k == 0:
-                    shares.seconds.append(report.scorer_seconds)
+            for key in keys:
+                plan, _ = compressor.compress(case.messages, len(case.messages) - 1, case.tokens,
+                                              keep_ratio=None if key == CURVE else float(key))
                 visible = plan.kept_ranges if plan.compressed else [(0, len(case.line_tokens) - 1)]
                 shares.by_budget.setdefault(key, []).append(kept_share(case.gold_spans, visible))
                 shares.compressed[key] = shares.compressed.get(key, 0) + plan.compressed
         results[name] = shares
     return Section(TITLE, _report(ctx, cases, skipped, results, notes, build_seconds))
-
-
-def _ci(values: Sequence[float]) -> str:
-    lo, hi = bootstrap(values)
-    return f"{pct(mean(values))} ({pct(lo, 0)}–{pct(hi, 0)})"
 
 
 def _report(ctx: BenchContext, cases: list[Retrieval], skipped: dict[str, int], results: dict[str, Shares],
@@ -160,7 +152,7 @@ def _report(ctx: BenchContext, cases: list[Retrieval], skipped: dict[str, int], 
         r = results[name]
         whole = "" if name in BASELINES else str(len(cases) - r.compressed.get("0.27", 0))
         rows.append([name, str(len(r.by_budget["0.27"])), pct(mean(r.by_budget[CURVE])), pct(mean(r.by_budget["0.15"])),
-                     _ci(r.by_budget["0.27"]), pct(mean(r.by_budget["0.4"])), whole])
+                     ci_cell(r.by_budget["0.27"]), pct(mean(r.by_budget["0.4"])), whole])
     out.append("Share of gold passages kept whole (a conversation served whole keeps all of them):\n")
     out.append(md_table(["method", "conversations", "curve budget", "15 %", "27 % (95 % CI)", "40 %",
                          "served whole at 27 %"], rows))

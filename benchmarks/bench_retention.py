@@ -206,7 +206,7 @@ def pooled_cell(pairs: Sequence[tuple[int, int]], n: int = 2000, seed: int = 0) 
     return f"{pct(kept.sum() / total.sum())} ({pct(lo, 0)}–{pct(hi, 0)}) of {int(total.sum())}"
 
 
-def _ci_cell(values: Sequence[float]) -> str:
+def ci_cell(values: Sequence[float]) -> str:
     if not values:
         return "n/a"
     lo, hi = bootstrap(values)
@@ -309,7 +309,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
         vals = {k: _values(results[name], k, serving) for k in (CURVE, *map(str, TABLE_RATIOS))}
         whole = sum(1 for i in serving if (o := results[name].outcomes["0.27"][i]) is not None and not o.compressed)
         rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), pct(mean(vals["0.15"])),
-                     _ci_cell(vals["0.27"]), pct(mean(vals["0.4"])), str(whole)])
+                     ci_cell(vals["0.27"]), pct(mean(vals["0.4"])), str(whole)])
     out.append("Share of gold lines kept (outputs as serving sees them; served-whole outputs count as kept):\n")
     out.append(md_table(["method", "outputs", "curve budget", "15 %", "27 % (95 % CI)", "40 %", "served whole at 27 %"],
                         rows))
@@ -325,7 +325,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     by_rows = []
     for label, idx in groups.items():
         for name in [*light, "head+tail"]:
-            by_rows.append([label, name, str(len(idx)), _ci_cell(_values(results[name], "0.27", idx))])
+            by_rows.append([label, name, str(len(idx)), ci_cell(_values(results[name], "0.27", idx))])
     out.append("\nBy output shape and request, at 27 %:\n")
     out.append(md_table(["output, request", "method", "outputs", "27 % (95 % CI)"], by_rows, "llrr"))
     if "bm25" in results:
@@ -341,7 +341,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
             out.append(md_table(["scorer", "outputs", "gain over bm25 (95 % CI)"], diff_rows))
     if heavy:
         sub = list(range(min(heavy_limit, len(cases))))
-        rows = [[name, str(len(_values(results[name], "0.27", sub))), _ci_cell(_values(results[name], "0.27", sub))]
+        rows = [[name, str(len(_values(results[name], "0.27", sub))), ci_cell(_values(results[name], "0.27", sub))]
                 for name in [*heavy, *light]]
         out.append(f"\nDrafter scorers read every token through the 270M model (seconds per output): on the first "
                    f"{len(sub)} outputs only, every other scorer on the same outputs:\n")
