@@ -8,7 +8,8 @@ record's gold passages with passages of other tasks of the same collection (on-t
 seeded order); then the conversation's later turns (assistant answer, user question, ...). The
 tool output is compressed against the first question by gateway.compressor.MessageCompressor at
 the budget curve's budget, its kept-line map stored in a sessions.record.SessionRecord as the
-gateway does, and every later user question goes through gateway.recall.RecallGate.rewrite. At the
+gateway does, and every later user question goes through gateway.recall.RecallGate.rewrite, once with the
+question alone as the gate's query and once with the question before it too. At the
 last turn (the one with gold passages) a passage counts as present when every line of it is
 visible: kept by the compression or recalled at any turn so far (recalled excerpts stay in
 history).
@@ -45,6 +46,7 @@ DATA = "mtrag-un-reference.jsonl.zst"
 THETAS = (0.0, 0.3, 0.4, 0.45, 0.5, 1.0)  # peak share (policies/recall.py); 0.45 chosen on validation
 DEFAULT_THETA = 0.45
 SCORERS = ("bm25", "embed", "hybrid")
+GATE_QUERIES = (0, 1)  # earlier user questions the gate's query carries (policies/recall.py)
 GOAL = 0.95
 FOLLOWUP_CONVERSATIONS = 6  # timed on live gateways: each costs two compressed first turns
 CALL_ID = "call_search"
@@ -177,12 +179,12 @@ def _visible(n_lines: int, kept: Sequence[tuple[int, int]], recalled: Sequence[t
     return seen
 
 
-def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, result: ScorerResult) -> None:
+def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, results: dict[int, ScorerResult]) -> None:
+    """One conversation: compressed once, then its follow-ups through the gate for every θ and for
+    every gate query in `results` (earlier questions it carries -> where its numbers go)."""
     from gateway.compressor import MessageCompressor
-    from gateway.recall import RecallGate
-    from policies.kept_lines import KeptLineMap, content_hash
+    from policies.kept_lines import content_hash
     from policies.rendering import split_lines
-    from sessions.record import SessionRecord
 
     memo.clear()
     # Cold for the compression and the first θ pass (timed, as the gateway pays it: the gate
@@ -192,18 +194,30 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, result:
     text = rep.messages[rep.tool_index].content
     n_lines = len(split_lines(text))
     plan, report = compressor.compress(rep.messages[: rep.tool_index + 1], rep.tool_index, rep.tokens)
-    result.replays += 1
-    result.compress_seconds.append(report.total_seconds)
-    result.compress_tokens.append(rep.tokens)
-    reason = plan.reason.split(":")[0]
-    result.reasons[reason] = result.reasons.get(reason, 0) + 1
     kept = list(plan.kept_ranges) if plan.compressed else [(0, n_lines - 1)]
-    result.omitted_tokens.append(plan.total_tokens - plan.kept_tokens if plan.compressed else 0)
     seen = _visible(n_lines, kept, [])
-    result.kept_all.append(all(all(seen[a : b + 1]) for a, b in rep.gold_spans))
-    if not plan.compressed:
-        result.whole += 1
+    reason = plan.reason.split(":")[0]
     key = content_hash(text)
+    for context, result in results.items():
+        result.replays += 1
+        result.compress_seconds.append(report.total_seconds)
+        result.compress_tokens.append(rep.tokens)
+        result.reasons[reason] = result.reasons.get(reason, 0) + 1
+        result.omitted_tokens.append(plan.total_tokens - plan.kept_tokens if plan.compressed else 0)
+        result.kept_all.append(all(all(seen[a : b + 1]) for a, b in rep.gold_spans))
+        result.whole += 0 if plan.compressed else 1
+        _follow_ups(rep, memo, counter, compressor, plan, kept, n_lines, key, context, result)
+
+
+def _follow_ups(rep: Replay, memo: MemoScorer, counter: TokenCountCache, compressor: Any, plan: Any,
+                kept: list[tuple[int, int]], n_lines: int, key: str, context: int, result: ScorerResult) -> None:
+    """The conversation's follow-ups through the gate at every θ, its query carrying `context`
+    earlier questions."""
+    from gateway.recall import RecallGate
+    from policies.kept_lines import KeptLineMap, content_hash
+    from sessions.record import SessionRecord
+
+    settings = compressor.settings
     for k, theta in enumerate(THETAS):
         record = SessionRecord(session_id=f"bench-{rep.id}", tenant="")
         if plan.compressed:  # as gateway/turns.py records a compression
@@ -211,7 +225,7 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, result:
                                                 content_hash(plan.text))
             record.map_labels[key] = LABEL
         counter.warm = k > 0
-        gate = RecallGate(compressor, theta, settings.recall_budget)
+        gate = RecallGate(compressor, theta, settings.recall_budget, context)
         out = result.thetas[theta]
         fired_last = False
         for q in rep.question_indices:
@@ -238,6 +252,15 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, result:
         out.present_all.append(all(flags))
         out.present_any.append(any(flags))
         out.passage_share.append(sum(flags) / len(flags))
+
+
+def query_label(scorer: str, context: int) -> str:
+    """A results row's name: the scorer and its gate query, marked when it is the serving default."""
+    from policies.recall import context_questions_for
+
+    query = "question" if context == 0 else f"question + {context} earlier"
+    mark = ", default" if context == context_questions_for(scorer, None) else ""
+    return f"{scorer} ({query}{mark})"
 
 
 def _tokens_read(scorer: Any) -> int | None:
@@ -284,17 +307,19 @@ def run(ctx: BenchContext) -> Section:
             continue
         heavy = name != "bm25"
         todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
-        if name == "hybrid" and "embed" in results:
-            todo = replays[: results["embed"].replays]  # warm: the encoder's unit vectors are cached
+        embed_done = next((r.replays for label, r in results.items() if label.startswith("embed")), None)
+        if name == "hybrid" and embed_done is not None:
+            todo = replays[:embed_done]  # warm: the encoder's unit vectors are cached
         memo = MemoScorer(scorer)
-        result = results[name] = ScorerResult()
+        by_query = {c: ScorerResult() for c in GATE_QUERIES}
+        results.update((query_label(name, c), r) for c, r in by_query.items())
         t0 = time.perf_counter()
         for rep in ctx.progress(todo, f"recall: {name}"):
             if heavy and time.perf_counter() - t0 > drafter_wall:
-                notes.append(f"`{name}` stopped after {result.replays} conversations: its {drafter_wall:.0f} s "
+                notes.append(f"`{name}` stopped after {by_query[0].replays} conversations: its {drafter_wall:.0f} s "
                              "wall-time cap was reached.")
                 break
-            replay_one(rep, ctx.count_tokens, memo, settings, result)
+            replay_one(rep, ctx.count_tokens, memo, settings, by_query)
     md, plots = _report(ctx, replays, skipped, results, notes, target, build_seconds, settings)
     if ctx.model_path is not None:
         from benchmarks.followup_timing import measure_followups
@@ -436,6 +461,10 @@ def _commentary(results: dict[str, ScorerResult], replays: list[Replay]) -> str:
     lines.append("- The gate compares the best hidden unit with the best visible one (policies/recall.py): a "
                  "question about what was kept does not fire. θ was chosen on the validation split, as the "
                  "smallest θ whose firing rate stays under 40 %.")
+    lines.append("- Each scorer runs twice over the same compressions: the gate's query is the new question alone, "
+                 "or the new question followed by the user question before it (`recall_context`, "
+                 "policies/recall.py). The row marked default is what that scorer serves with; the choice was "
+                 "made on the validation split.")
     lines.append("- The first compression ranks passages against the *first* question only; the last turn's "
                  "gold passages are often about something the conversation drifted to, so they depend on recall. "
                  "A passage counts only if all its lines are visible: a half-recalled passage is a miss.")

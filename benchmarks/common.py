@@ -278,6 +278,7 @@ def default_compression_settings() -> Any:
         fallback_spread=f["fallback_spread"].default,
         recall_theta=f["recall_theta"].default,
         recall_budget=f["recall_budget"].default,
+        recall_context=f["recall_context"].default,
     )
 
 

@@ -224,7 +224,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
             attach(registry)
         compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
                                           settings.max_segment, settings.request_tokens, settings.fallback_spread,
-                                          settings.recall_theta, settings.recall_budget)
+                                          settings.recall_theta, settings.recall_budget,
+                                          settings.recall_context)
         choice = build_scorer(settings)
         encoder = encoder_of(choice.scorer)
         if encoder is not None:  # every core for the encoder while no turn needs them

@@ -18,6 +18,7 @@ from typing import Literal, TextIO
 
 from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info
 from gateway.config import Settings
+from policies.recall import context_questions_for
 
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
 
@@ -50,7 +51,8 @@ def check_config(settings: Settings) -> Check:
         f"drafter       {settings.drafter}",
         f"store         {settings.store_dir}  RAM budget {settings.ram_budget_mb} MiB  disk budget {settings.disk_budget_mb} MiB",
         f"compression   threshold {settings.threshold} tokens  scorer {settings.scorer}  curve '{settings.budget_curve}'",
-        f"recall        theta {settings.recall_theta}  budget {settings.recall_budget} tokens",
+        (f"recall        theta {settings.recall_theta}  budget {settings.recall_budget} tokens  "
+         f"query: question + {context_questions_for(settings.scorer, settings.recall_context)} earlier"),
         (f"limits        body {settings.max_body_mb} MiB  messages {settings.max_messages}  "
          f"queue {settings.queue_size}  per key {settings.per_key_concurrency}"),
         f"logging       {settings.log_format}, level {settings.log_level}",

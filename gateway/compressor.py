@@ -34,6 +34,7 @@ class CompressionSettings:
     fallback_spread: float
     recall_theta: float = 0.45
     recall_budget: int = 2048
+    recall_context: int | None = None  # earlier questions in the gate's query; None: the scorer's default
 
 
 @dataclass(frozen=True)

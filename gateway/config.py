@@ -134,6 +134,10 @@ class Settings(BaseSettings):
         "vs best visible relevance) reaches this; chosen on the validation split. 1.0 turns recall off.",
     )
     recall_budget: int = Field(2048, ge=0, description="Tokens of recalled excerpts per follow-up.")
+    recall_context: int | None = Field(
+        None, ge=0, description="Earlier user questions the recall gate's query carries after the new one. "
+        "Default: 1 for hybrid, 0 for the other scorers; chosen on the validation split.",
+    )
 
     # --- limits --------------------------------------------------------------------------------
     queue_size: int = Field(16, ge=1, description="Requests waiting for the engine before 503.")

@@ -14,7 +14,7 @@ from engine.scorers import feature_store_of
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
 from policies.kept_lines import content_hash
-from policies.recall import decide_recall, omitted_flags, render_excerpts
+from policies.recall import context_questions_for, decide_recall, gate_query, omitted_flags, render_excerpts
 from sessions.record import RecallEntry, SessionRecord
 
 log = logging.getLogger("pflash.recall")
@@ -42,10 +42,14 @@ class _Candidate:
 
 
 class RecallGate:
-    def __init__(self, compressor: MessageCompressor, theta: float, budget_tokens: int) -> None:
+    def __init__(self, compressor: MessageCompressor, theta: float, budget_tokens: int,
+                 context_questions: int | None = None) -> None:
         self.compressor = compressor
         self.theta = theta
         self.budget_tokens = budget_tokens
+        # None: the serving scorer's default (policies/recall.py); read at each follow-up, since
+        # the scorer is the one that loaded, which may be a fallback.
+        self.context_questions = context_questions
 
     def rewrite(
         self, messages: Sequence[Message], index: int, record: SessionRecord
@@ -61,9 +65,9 @@ class RecallGate:
         stored = record.features_copy() if features is not None else {}
         if features is not None and stored:
             features.import_features(stored)  # after eviction or a restart: no re-read
-        scores = self.compressor.scorer.score(
-            ["".join(c.lines[c.first : c.last + 1]) for c in candidates], question.content
-        )
+        scorer = self.compressor.scorer
+        query = gate_query(messages, index, context_questions_for(scorer.name, self.context_questions))
+        scores = scorer.score(["".join(c.lines[c.first : c.last + 1]) for c in candidates], query)
         recalled = record.recalled_units()
         already = frozenset(
             i for i, c in enumerate(candidates) if (c.source_hash, c.first, c.last) in recalled

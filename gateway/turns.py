@@ -73,7 +73,8 @@ class TurnService:
         self.registry = registry
         self.settings = settings
         self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
-        self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget)
+        self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget,
+                                 settings.recall_context)
         self.counters: dict[str, float] = {}
 
     def _count(self, name: str, amount: float = 1) -> None:

@@ -95,24 +95,27 @@ def test_meaning_beyond_shared_words(scorer: object) -> None:
 
 
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
+    from engine.drafter import FusionScorer
     from engine.embedder import EmbeddingScorer
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)
     before = EmbeddingScorer(embedder_path, n_threads=2)
     record = SessionRecord(session_id="a" * 64, tenant="")
-    _served, report, _ = asyncio.run(service(before).rewrite(messages, record))
-    assert report is not None and report.compressed and report.scorer == "embed"
+    _served, report, _ = asyncio.run(service(FusionScorer(before, name="hybrid")).rewrite(messages, record))
+    assert report is not None and report.compressed and report.scorer == "hybrid"
     assert before.units_embedded > 0 and record.unit_features
     before.close()
 
     restored = SessionRecord.from_dict(record.to_dict())  # what the store gives back after a restart
     after = EmbeddingScorer(embedder_path, n_threads=2)  # a new process: an empty cache
     follow = [*messages, Message("assistant", "Noted."), Message("user", "What does helper_37 return?")]
-    _served, _report, recall = asyncio.run(service(after).rewrite(follow, restored))
+    _served, _report, recall = asyncio.run(service(FusionScorer(after, name="hybrid")).rewrite(follow, restored))
     assert recall is not None and recall.fired  # θ = 0: the gate scored every unit
-    assert after.units_embedded == 0  # no unit embedded again: only the question was read
-    assert after.tokens_read == len(after.encoder.tokenize("What does helper_37 return?"))
+    assert after.units_embedded == 0  # no unit embedded again: only the gate's query was read,
+    # hybrid's default: the new question, then the one before it
+    query = "What does helper_37 return?\n\nWhere is the invoice total computed?"
+    assert after.tokens_read == len(after.encoder.tokenize(query))
     after.close()
 
 

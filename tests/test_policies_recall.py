@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.recall import RecallDecision, decide_recall, omitted_flags, relevance_mass, render_excerpts
+from policies.conversation import Message, ToolCall
+from policies.recall import (
+    RecallDecision,
+    context_questions_for,
+    decide_recall,
+    gate_query,
+    omitted_flags,
+    relevance_mass,
+    render_excerpts,
+)
 from policies.rendering import split_lines
 from policies.segmentation import Unit
 
@@ -173,3 +182,31 @@ def test_recall_brings_back_relevant_units_not_the_background() -> None:
     omitted = [False] * 20 + [True] * 10
     d = decide_recall(scores, [10] * 30, omitted, frozenset(), theta=0.5, budget_tokens=1000)
     assert d.units == (20, 21, 22, 23)  # the budget had room for the six others: no relevance
+
+
+def _conversation() -> list[Message]:
+    return [Message("system", "You answer from the search results."),
+            Message("user", "Which plans cover dental care?"),
+            Message("assistant", "", (ToolCall("call_1", "search", "{}"),)),
+            Message("tool", "[1] plan A covers dental\n", tool_call_id="call_1"),
+            Message("assistant", "Plan A does."),
+            Message("user", "   "),
+            Message("user", "And what does it cost?")]
+
+
+def test_gate_query_carries_earlier_user_questions_newest_first() -> None:
+    messages = [*_conversation(), Message("assistant", "40 a month."), Message("user", "For a family?")]
+    last = len(messages) - 1
+    assert gate_query(messages, last, 0) == "For a family?"
+    assert gate_query(messages, last, 1) == "For a family?\n\nAnd what does it cost?"
+    # blank user turns, tool outputs, the system prompt and assistant words are not questions
+    assert gate_query(messages, last, 2) == "For a family?\n\nAnd what does it cost?\n\nWhich plans cover dental care?"
+    assert gate_query(messages, last, 9) == gate_query(messages, last, 2)
+    assert gate_query(messages, 1, 3) == "Which plans cover dental care?"  # nothing before the first
+
+
+def test_context_questions_default_by_scorer_and_setting_wins() -> None:
+    assert context_questions_for("hybrid", None) == 1
+    assert context_questions_for("bm25", None) == 0  # also what a fallback to BM25 gets
+    assert context_questions_for("embed", None) == context_questions_for("head", None) == 0
+    assert context_questions_for("bm25", 2) == 2 and context_questions_for("hybrid", 0) == 0
