@@ -296,6 +296,7 @@ def run(ctx: BenchContext) -> Section:
         return Section(TITLE, f"Skipped: no usable conversation ({skipped}).\n")
 
     results: dict[str, ScorerResult] = {}
+    replayed: dict[str, int] = {}  # conversations each scorer got through
     notes: list[str] = []
     for name in (n for n in SCORERS if ctx.runs(n)):
         if name != "bm25" and drafter_limit <= 0:  # --drafter-sessions 0: do not even load the model
@@ -307,9 +308,8 @@ def run(ctx: BenchContext) -> Section:
             continue
         heavy = name != "bm25"
         todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
-        embed_done = next((r.replays for label, r in results.items() if label.startswith("embed")), None)
-        if name == "hybrid" and embed_done is not None:
-            todo = replays[:embed_done]  # warm: the encoder's unit vectors are cached
+        if name == "hybrid" and "embed" in replayed:
+            todo = replays[: replayed["embed"]]  # warm: the encoder's unit vectors are cached
         memo = MemoScorer(scorer)
         by_query = {c: ScorerResult() for c in GATE_QUERIES}
         results.update((query_label(name, c), r) for c, r in by_query.items())
@@ -320,6 +320,7 @@ def run(ctx: BenchContext) -> Section:
                              "wall-time cap was reached.")
                 break
             replay_one(rep, ctx.count_tokens, memo, settings, by_query)
+        replayed[name] = by_query[0].replays
     md, plots = _report(ctx, replays, skipped, results, notes, target, build_seconds, settings)
     if ctx.model_path is not None:
         from benchmarks.followup_timing import measure_followups

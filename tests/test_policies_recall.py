@@ -184,18 +184,16 @@ def test_recall_brings_back_relevant_units_not_the_background() -> None:
     assert d.units == (20, 21, 22, 23)  # the budget had room for the six others: no relevance
 
 
-def _conversation() -> list[Message]:
-    return [Message("system", "You answer from the search results."),
-            Message("user", "Which plans cover dental care?"),
-            Message("assistant", "", (ToolCall("call_1", "search", "{}"),)),
-            Message("tool", "[1] plan A covers dental\n", tool_call_id="call_1"),
-            Message("assistant", "Plan A does."),
-            Message("user", "   "),
-            Message("user", "And what does it cost?")]
-
-
 def test_gate_query_carries_earlier_user_questions_newest_first() -> None:
-    messages = [*_conversation(), Message("assistant", "40 a month."), Message("user", "For a family?")]
+    messages = [Message("system", "You answer from the search results."),
+                Message("user", "Which plans cover dental care?"),
+                Message("assistant", "", (ToolCall("call_1", "search", "{}"),)),
+                Message("tool", "[1] plan A covers dental\n", tool_call_id="call_1"),
+                Message("assistant", "Plan A does."),
+                Message("user", "   "),
+                Message("user", "And what does it cost?"),
+                Message("assistant", "40 a month."),
+                Message("user", "For a family?")]
     last = len(messages) - 1
     assert gate_query(messages, last, 0) == "For a family?"
     assert gate_query(messages, last, 1) == "For a family?\n\nAnd what does it cost?"
