@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
 from policies.budget import parse_curve
+from policies.request_finding import DEFAULT_SCORED_TOKENS
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
 
@@ -116,7 +117,7 @@ class Settings(BaseSettings):
     )
     min_segment: int = Field(32, ge=1, description="Units smaller than this (tokens) merge forward.")
     max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
-    request_tokens: int = Field(128, ge=8, description="Request tokens the scorer ranks against.")
+    request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(
         "bm25", description="Relevance scorer for compression: bm25 (lexical, no model), embed (sentence encoder), "

@@ -16,7 +16,11 @@ from typing import Literal
 from policies.conversation import Message, ToolCall
 from policies.rendering import bare, split_lines
 
-DEFAULT_SCORED_TOKENS = 128
+# Served-model tokens of request text. BM25 uses every word, and a task's text past its first
+# lines still names what matters; a dense encoder reads only the head (engine/embedder.py). From
+# 128 to 384 (tuning splits, gold kept at 27 %): bm25 78.3 -> 81.2 % on train, 79.6 -> 81.7 % on
+# validation; hybrid 75.3 -> 80.6 % and 79.3 -> 83.9 %.
+DEFAULT_SCORED_TOKENS = 384
 DEFAULT_PINNED_TOKENS = 512
 
 # A question block is a few lines of the user's own prose; more than this is part of the paste.

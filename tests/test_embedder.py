@@ -94,6 +94,19 @@ def test_meaning_beyond_shared_words(scorer: object) -> None:
     assert int(np.argmax(cos)) == 1
 
 
+def test_the_request_is_embedded_by_its_head(scorer: object) -> None:
+    """Only the request's first max_query_tokens word pieces reach the encoder: the tail of a long
+    task must not move the query vector (it does when the limit is lifted)."""
+    units = ["the parser drops the last field of a quoted csv row\n", "the cache evicts the oldest entry\n"]
+    head = "Fix the csv parser: a quoted row loses its last field. " * 12  # well over 128 word pieces
+    first, _ = scorer.relevance(units, head + "Also the cache is slow.")  # type: ignore[attr-defined]
+    second, _ = scorer.relevance(units, head + "Unrelated: the weather in Paris is lovely.")  # type: ignore[attr-defined]
+    assert np.array_equal(first, second)
+    scorer.max_query_tokens = 512  # type: ignore[attr-defined]
+    lifted, _ = scorer.relevance(units, head + "Unrelated: the weather in Paris is lovely.")  # type: ignore[attr-defined]
+    assert not np.allclose(first, lifted)
+
+
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
     from engine.drafter import FusionScorer
     from engine.embedder import EmbeddingScorer
