@@ -70,6 +70,17 @@ def test_a_long_task_does_not_crowd_out_the_agents_words() -> None:
     assert words(r.scored) <= 40
 
 
+def test_an_issue_of_a_few_hundred_words_reaches_the_scorer_whole() -> None:
+    """BM25 gains from every word of a task (tuning splits); only far longer ones are cut."""
+    msgs = conversation()
+    issue = " ".join(f"detail{i}" for i in range(300))
+    msgs[1] = Message("user", issue)
+    scored = find_request(msgs, 4, words).scored
+    assert issue in scored and "Let me read the store and grep for the loader." in scored
+    msgs[1] = Message("user", issue + " " + issue)
+    assert words(find_request(msgs, 4, words).scored) < 600
+
+
 def test_tool_without_id_matches_by_name() -> None:
     msgs = conversation()
     msgs[4] = Message("tool", "big", tool_call_id=None, name="read_file")
