@@ -1,9 +1,9 @@
 """What the units of a long message are ranked against: the request that made it matter.
 
 For a tool output that is the call which produced it (name + arguments), the assistant's words
-around that call, the latest user text and, if short, the system prompt. For a long user paste it
-is the question the user wrote around the pasted block; those lines are pinned so the question is
-never cut away. The scored text is trimmed to a token budget, most specific parts first.
+around that call, the latest user text and, if short (MAX_SYSTEM_TOKENS), the system prompt. For a
+long user paste it is the question the user wrote around the pasted block; those lines are pinned so
+the question is never cut away. The scored text is trimmed to a token budget, most specific parts first.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ from policies.rendering import bare, split_lines
 # validation; hybrid 75.3 -> 80.6 % and 79.3 -> 83.9 %.
 DEFAULT_SCORED_TOKENS = 384
 DEFAULT_PINNED_TOKENS = 512
+
+# A system prompt is mostly standing instructions, the same for every output; only a short one (a
+# role line) says what the session is about. Under the former 128-token request a longer one never
+# fit; at 384, 180 tokens of "You are a coding agent." turned the drafter's query to them.
+MAX_SYSTEM_TOKENS = 64
 
 # A question block is a few lines of the user's own prose; more than this is part of the paste.
 MAX_QUESTION_LINES = 8
@@ -146,7 +151,7 @@ def _tool_request(
     if user is not None:
         parts.append((2 * user[0], user[1], "ends"))
     system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
-    if system is not None:
+    if system is not None and count_tokens(messages[system].content) <= MAX_SYSTEM_TOKENS:
         parts.append((2 * system, messages[system].content, "whole"))
     scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
     return RequestText(scored=scored, pinned_lines=None)

@@ -91,6 +91,9 @@ def test_long_system_prompt_is_left_out() -> None:
     msgs = conversation()
     msgs[0] = Message("system", "rule " * 500)
     assert "rule" not in find_request(msgs, 4, words, max_scored_tokens=128).scored
+    msgs[0] = Message("system", "You are a coding agent. " * 30)  # fits the budget, yet standing instructions
+    assert "coding agent" not in find_request(msgs, 4, words).scored
+    assert "careful coding agent" in find_request(conversation(), 4, words).scored  # a role line stays
 
 
 LOG = "".join(f"2024-05-01 12:00:{i % 60:02d} INFO worker {i}: processed batch\n" for i in range(200))
