@@ -1,8 +1,9 @@
 """The embedding scorer: a small sentence encoder (all-MiniLM-L6-v2, converted by `make-embedder`)
 run by llama.cpp in embedding mode. Each unit of a long message is embedded once (its first
 `max_unit_tokens` word pieces) and cached by the sha256 of its text; the request is embedded alone
-(its first `max_query_tokens` word pieces); relevance is the cosine. A follow-up's recall gate therefore embeds only the new question, and the
-vectors travel with the session (FeatureStore: export/import) across eviction and restarts.
+(its first `max_query_tokens` word pieces); relevance is the cosine. A follow-up's recall gate
+therefore embeds only the new question, and the vectors travel with the session (FeatureStore:
+export/import) across eviction and restarts.
 
 Units are scored as text: the encoder has its own vocabulary, unrelated to the served model's or
 the drafter's, so no token id is ever shared between them.
