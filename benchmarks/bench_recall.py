@@ -45,7 +45,8 @@ TITLE = "Follow-ups: gold passages kept or recalled by the θ gate, test split (
 DATA = "mtrag-un-reference.jsonl.zst"
 THETAS = (0.0, 0.3, 0.4, 0.45, 0.5, 1.0)  # peak share (policies/recall.py); 0.45 chosen on validation
 DEFAULT_THETA = 0.45
-SCORERS = ("bm25", "embed", "hybrid")
+SCORERS = ("ranker", "bm25", "embed", "hybrid")
+MODEL_FREE = ("ranker", "bm25")  # replayed on every conversation
 GATE_QUERIES = (0, 1)  # earlier user questions the gate's query carries (policies/recall.py)
 GOAL = 0.95
 FOLLOWUP_CONVERSATIONS = 6  # timed on live gateways: each costs two compressed first turns
@@ -299,14 +300,14 @@ def run(ctx: BenchContext) -> Section:
     replayed: dict[str, int] = {}  # conversations each scorer got through
     notes: list[str] = []
     for name in (n for n in SCORERS if ctx.runs(n)):
-        if name != "bm25" and drafter_limit <= 0:  # --drafter-sessions 0: do not even load the model
+        if name not in MODEL_FREE and drafter_limit <= 0:  # --drafter-sessions 0: do not even load the model
             notes.append(f"`{name}` rows skipped: --drafter-sessions 0.")
             continue
         scorer = ctx.scorer(name)
         if scorer is None:
             notes.append(f"`{name}` rows skipped: the scorer did not load ({ctx.scorer_note(name)}).")
             continue
-        heavy = name != "bm25"
+        heavy = name not in MODEL_FREE
         todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
         if name == "hybrid" and "embed" in replayed:
             todo = replays[: replayed["embed"]]  # warm: the encoder's unit vectors are cached

@@ -22,7 +22,6 @@ ignored. Shares are means over outputs with bootstrap 95 % intervals (2,000 resa
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -42,14 +41,14 @@ from benchmarks.common import (
     pyplot,
     savefig,
 )
-from engine.agent_data import LongOutput, build_long_outputs, gold_key, load_jsonl_zst
+from engine.agent_data import LongOutput, build_long_outputs, gold_key, load_jsonl_zst, serving_messages
 
 TITLE = "Evidence retention on real coding-agent sessions, test split (issue 12)"
 DATA = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TABLE_RATIOS = (0.15, 0.27, 0.40)
 PLOT_RATIOS = (0.05, 0.10, 0.15, 0.20, 0.27, 0.40, 0.55)
 CURVE = "curve"  # the budget curve's own budget (keep_ratio=None)
-LIGHT = ("bm25", "embed", "hybrid")  # scorers run on every output
+LIGHT = ("ranker", "bm25", "embed", "hybrid")  # scorers run on every output
 HEAVY = ("drafter", "fusion", "head")  # drafter reads: a subset only
 BASELINES = ("head+tail", "random")
 GOAL, GOAL_OVER_BM25 = 0.90, 0.10
@@ -95,16 +94,11 @@ class MethodResult:
 
 
 def make_cases(outputs: Sequence[LongOutput], count: Any) -> list[Case]:
-    from policies.conversation import Message, ToolCall
-
     cases = []
     for out in outputs:
-        tool = Message("tool", out.text, tool_call_id="call_1", name="bash")
-        variants = [("task", [Message("user", out.task), tool])]
+        variants = [("task", serving_messages(out))]
         if out.kind == "tool_output":
-            turn = Message("assistant", out.thought, (ToolCall("call_1", "bash", json.dumps({"command": out.command})),))
-            variants = [("agent turn", [Message("user", out.task), turn, tool]),
-                        ("task alone", [Message("user", out.task), tool])]
+            variants = [("agent turn", serving_messages(out)), ("task alone", serving_messages(out, with_turn=False))]
         line_tokens = [count(x) for x in out.lines]
         tokens = count(out.text)
         cases.extend(Case(out, name, msgs, line_tokens, tokens) for name, msgs in variants)

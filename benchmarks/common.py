@@ -99,6 +99,10 @@ class BenchContext:
                 from engine.scorers import Bm25Scorer
 
                 scorer = Bm25Scorer()
+            elif name == "ranker":
+                from engine.ranker import RankerScorer
+
+                scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
                 from engine.drafter import FusionScorer
                 from engine.embedder import EmbeddingScorer
@@ -219,6 +223,9 @@ class MemoScorer:
         self._memo: dict[str, list[float]] = {}
         self.last_seconds = 0.0  # time of the last real (uncached) call
         self.last_hit = False
+        gate = getattr(inner, "gate_scorer", None)
+        if gate is not None:  # the recall gate's own scorer (engine.scorers.gate_scorer_of), memoised too
+            self.gate_scorer = MemoScorer(gate)
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         h = hashlib.sha256()
@@ -238,6 +245,8 @@ class MemoScorer:
 
     def clear(self) -> None:
         self._memo.clear()
+        if hasattr(self, "gate_scorer"):
+            self.gate_scorer.clear()
 
 
 class TokenCountCache:

@@ -237,3 +237,21 @@ def build_long_outputs(records: Sequence[dict[str, Any]], pool: Sequence[dict[st
                     out.append(LongOutput(f"{rid}#out{best.message_index}", repo, "tool_output", lines, mine, present,
                                           task, best.thought, best.command, weak))
     return out
+
+
+def serving_messages(output: LongOutput, with_turn: bool = True) -> list[Any]:
+    """The conversation as the gateway would receive it, ending with the long output: the task,
+    then (for a tool output, unless `with_turn` is False) the agent's asking turn as a tool call."""
+    from policies.conversation import Message, ToolCall
+
+    tool = Message("tool", output.text, tool_call_id="call_1", name="bash")
+    if output.kind != "tool_output" or not with_turn:
+        return [Message("user", output.task), tool]
+    turn = Message("assistant", output.thought, (ToolCall("call_1", "bash", json.dumps({"command": output.command})),))
+    return [Message("user", output.task), turn, tool]
+
+
+def gold_units(output: LongOutput, units: Sequence[Any]) -> list[bool]:
+    """Per unit (first..last line spans): does it show one of the session's own gold lines?"""
+    return [any(output.own[i] and gold_key(output.lines[i]) in output.gold for i in range(u.first, u.last + 1))
+            for u in units]

@@ -25,6 +25,13 @@ class Bm25Scorer:
         return bm25_scores(units, request)
 
 
+def gate_scorer_of(scorer: Any) -> Scorer:
+    """What the recall gate scores with: the scorer's own `gate_scorer` when it names one (the ranker's
+    weights were fitted to choose what to keep of a new output, not to ask whether a later question
+    needs what was left out), else the scorer itself."""
+    return getattr(scorer, "gate_scorer", scorer)  # type: ignore[no-any-return]
+
+
 class FeatureStore(Protocol):
     """A scorer whose per-unit features can travel with a session (the drafter's)."""
 

@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     embedder.add_argument("--config", type=Path, default=None)
     add_settings_flags(embedder, ["store_dir"])
 
+    ranker = sub.add_parser("train-ranker", help="fit the learned ranker (--scorer ranker) from ../shared/data")
+    ranker.add_argument("--out", type=Path, required=True, metavar="RANKER.json", help="where to write the weights")
+    ranker.add_argument("--data", type=Path, default=None,
+                        help="data directory (default: ../shared/data beside a source checkout)")
+    ranker.add_argument("--config", type=Path, default=None)
+    add_settings_flags(ranker, ["store_dir", "drafter"])
+
     head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
     head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
     head.add_argument("--data", type=Path, default=None,
@@ -149,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_doctor(settings)
     if args.command == "train-head":
         return _train_head(settings, args)
+    if args.command == "train-ranker":
+        return _train_ranker(settings, args)
     if args.command == "make-embedder":
         return _make_embedder(settings, args.out, args.source)
     return 2
@@ -170,6 +179,22 @@ def _make_embedder(settings: Settings, out: Path | None, source: Path | None) ->
     return 0
 
 
+def _default_data_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
+
+
+def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.model_files import ModelFileError, resolve_model
+    from engine.ranker_train import run_train_ranker
+
+    try:  # token counts (segmentation, budgets) by the drafter's vocabulary, as the benchmarks count
+        model = resolve_model(settings.drafter, settings.store_dir / "models")
+    except ModelFileError as exc:
+        print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return 2
+    return run_train_ranker(args.out, args.data or _default_data_dir(), model)
+
+
 def _train_head(settings: Settings, args: argparse.Namespace) -> int:
     from engine.head_train import run_train_head
     from engine.model_files import ModelFileError, resolve_model
@@ -179,7 +204,7 @@ def _train_head(settings: Settings, args: argparse.Namespace) -> int:
     except ModelFileError as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2
-    data = args.data or Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
+    data = args.data or _default_data_dir()
     return run_train_head(args.out, data, model, sessions=args.sessions, conversations=args.conversations,
                           epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
                           cache_dir=settings.store_dir / "cache")

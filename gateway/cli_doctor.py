@@ -199,11 +199,14 @@ def check_model(settings: Settings, hasher: Callable[[Path], str] | None = None)
     return check_model_file("model", settings.model, settings, hasher)
 
 
+DRAFTER_SCORERS = ("drafter", "fusion", "head")
+
+
 def check_drafter(settings: Settings, hasher: Callable[[Path], str] | None = None) -> Check:
     """The drafter serves the drafter/fusion/head scorers; serve falls back to bm25 without it."""
     check = check_model_file("drafter", settings.drafter, settings, hasher, problem="WARN")
-    if settings.scorer == "bm25":
-        check.details.append("not used: the scorer is bm25")
+    if settings.scorer not in DRAFTER_SCORERS:
+        check.details.append(f"not used: the scorer is {settings.scorer}")
     elif check.status != "OK":
         check.summary += " (serve falls back to bm25)"
     return check

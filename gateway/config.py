@@ -119,9 +119,14 @@ class Settings(BaseSettings):
     max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
-    scorer: Literal["bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(
-        "bm25", description="Relevance scorer for compression: bm25 (lexical, no model), embed (sentence encoder), "
-        "hybrid (bm25 + encoder fusion), drafter, fusion (bm25 + drafter), head (learned head on the drafter).",
+    scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(
+        "ranker", description="Relevance scorer for compression: ranker (learned over lexical evidence, no model), "
+        "bm25 (lexical, no model), embed (sentence encoder), hybrid (bm25 + encoder fusion), drafter, fusion "
+        "(bm25 + drafter), head (learned head on the drafter).",
+    )
+    ranker: str | None = Field(
+        None, description="Ranker weights (JSON) for --scorer ranker (default: the weights shipped with the package; "
+        "see `pflash-gateway train-ranker`).",
     )
     embedder: str | None = Field(
         None, description="Sentence-encoder GGUF for --scorer embed/hybrid (default: the packaged all-MiniLM-L6-v2, "

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.scorers import feature_store_of
+from engine.scorers import feature_store_of, gate_scorer_of
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
 from policies.kept_lines import content_hash
@@ -65,7 +65,7 @@ class RecallGate:
         stored = record.features_copy() if features is not None else {}
         if features is not None and stored:
             features.import_features(stored)  # after eviction or a restart: no re-read
-        scorer = self.compressor.scorer
+        scorer = gate_scorer_of(self.compressor.scorer)
         query = gate_query(messages, index, context_questions_for(scorer.name, self.context_questions))
         scores = scorer.score(["".join(c.lines[c.first : c.last + 1]) for c in candidates], query)
         recalled = record.recalled_units()

@@ -1,5 +1,5 @@
 """Build the configured relevance scorer. A model that cannot load never fails start-up: the scorer
-steps down (head → fusion → bm25; hybrid or embed → bm25) with one warning, and the step is
+steps down (head → fusion → bm25; ranker, hybrid or embed → bm25) with one warning, and the step is
 counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks)."""
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def build_scorer(settings: Settings) -> ScorerChoice:
     """The configured scorer, or the fallback it steps down to (start-up never fails)."""
     if settings.scorer == "bm25":
         return ScorerChoice(Bm25Scorer())
+    if settings.scorer == "ranker":
+        from engine.ranker import RankerError, RankerScorer
+
+        try:
+            return ScorerChoice(RankerScorer(Path(settings.ranker) if settings.ranker else None))
+        except RankerError as exc:
+            log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
+            return ScorerChoice(Bm25Scorer(), f"ranker: {exc}")
     if settings.scorer in ("embed", "hybrid"):
         try:
             return ScorerChoice(_embedding_scorer(settings))

@@ -158,7 +158,7 @@ def test_compress_cli_json(tmp_path: Path, model_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["compressed"] is True and report["scorer"] == "bm25"
+    assert report["compressed"] is True and report["scorer"] == "ranker"
     assert report["total_lines"] == len(python_module().splitlines())
     assert report["kept_tokens"] <= 0.3 * report["total_tokens"]
     lines = python_module().splitlines()

@@ -72,7 +72,7 @@ def test_embedded_models_not_yet_assembled(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Qwen2.5-Coder-0.5B-Instruct Q4_K_M: 6 parts installed, sizes match" in section(result.stdout, "model")
     assert "Gemma 3 270M Q4_K_M: 4 parts installed, sizes match" in section(result.stdout, "drafter")
-    assert "not used: the scorer is bm25" in section(result.stdout, "drafter")
+    assert "not used: the scorer is ranker" in section(result.stdout, "drafter")
     assert not (tmp_path / "store" / "models").exists()
 
 

@@ -27,10 +27,10 @@ class Recording:
         return [1.0 if "line 150:" in u else 0.0 for u in units]
 
 
-def _gate_query(scorer_name: str, context: int | None) -> str:
-    scorer = Recording(scorer_name)
+def _rewrite(scorer: object, context: int | None) -> str:
+    """The follow-up "And line 150?" through the gate at θ = 0: what the model is served."""
     settings = CompressionSettings(50, "50:0.3 100000:0.3", 4, 16, 128, 0.0, recall_theta=0.0)
-    compressor = MessageCompressor(lambda text: len(text.split()), scorer, settings)
+    compressor = MessageCompressor(lambda text: len(text.split()), scorer, settings)  # type: ignore[arg-type]
     key = content_hash(OUTPUT)
     record = SessionRecord(session_id="b" * 64, tenant="")
     record.kept_maps[key] = KeptLineMap(key, ((0, 9),), 1000, 50, content_hash("kept"))
@@ -43,6 +43,12 @@ def _gate_query(scorer_name: str, context: int | None) -> str:
     assert got is not None and got[1].fired
     assert "line 150: value 1050" in got[0].content  # the recalled excerpt, then the question
     assert got[0].content.endswith("And line 150?")  # the question itself is served as the client sent it
+    return got[0].content
+
+
+def _gate_query(scorer_name: str, context: int | None) -> str:
+    scorer = Recording(scorer_name)
+    _rewrite(scorer, context)
     (request,) = scorer.requests
     return request
 
@@ -59,3 +65,16 @@ def test_other_scorers_and_a_fallback_to_bm25_ask_the_bare_question(scorer_name:
 def test_the_setting_overrides_the_scorer_default() -> None:
     assert _gate_query("hybrid", 0) == "And line 150?"
     assert _gate_query("bm25", 1) == _gate_query("embed", 1) == "And line 150?\n\nWhich value does line 3 hold?"
+
+
+def test_the_ranker_gate_asks_its_gate_scorer_not_the_ranker() -> None:
+    """The ranker compresses; its gate statistic comes from BM25 (engine.scorers.gate_scorer_of)."""
+    from engine.ranker import RankerScorer
+
+    ranker = RankerScorer()
+    gate = Recording("bm25")
+    ranker.gate_scorer = gate  # type: ignore[assignment]
+    asked: list[str] = []
+    ranker.score = lambda units, request: asked.append(request) or [0.0] * len(units)  # type: ignore[method-assign]
+    _rewrite(ranker, None)
+    assert gate.requests == ["And line 150?"] and asked == []

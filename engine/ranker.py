@@ -1,0 +1,195 @@
+"""The learned ranker (`--scorer ranker`, the default): a logistic model over lexical evidence.
+
+BM25 alone scores one unit at a time on one view of the words. What the agent goes on to use shows
+in several views at once: the unit's best line as well as its whole text, request terms that are
+rare in the message (a function's name) rather than common ones, relevance next door (the body
+after a matching `def` line), and line numbers the request cites (`sed -n '130,170p'`, a
+traceback's `line 142`) on the unit's numbered lines. Each feature is scale-free within the message
+(ranks, shares of the message's best), so one set of weights fits any output. Weights are fitted
+by `pflash-gateway train-ranker` on the train and validation splits of engine/splits.json (gold
+lines of real coding sessions) and shipped as JSON; no model is needed at run time, and scoring a
+30K-token output takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.scorers import Bm25Scorer
+from policies.lexical import bm25_scores, tokenize_for_search
+from policies.rendering import split_lines
+
+SCHEMA = "pflash.ranker"
+VERSION = 1
+FEATURES: tuple[str, ...] = (
+    "bm25_density_rank", "bm25_rank", "bm25_of_best", "line_bm25_of_best", "line_bm25_rank", "rare_terms",
+    "term_coverage", "log_terms", "neighbour_bm25", "neighbour_line_bm25", "near_bm25", "cited_line_share",
+)
+SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "lexical.json"
+RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
+# A request number (2+ digits, or a range) and a unit line's number prefix: `cat -n`/`nl` ("  71\t"),
+# Claude Code's Read ("71→"), `grep -n` on one file ("71:") or many ("path:71:").
+_CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
+_NUMBERED = re.compile(r"^\s*(\d+)(?:\t|→|:|-)|^[\w./-]+:(\d+)[:-]")
+MAX_CITED_SPAN = 2000  # "1-100000" is not a range of lines anyone reads
+
+
+class RankerError(RuntimeError):
+    """A ranker file is missing or malformed; the caller falls back to BM25."""
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    """Each value's rank among the message's units, in [0, 1] (ties: earlier unit lower)."""
+    n = len(x)
+    if n < 2:
+        return np.zeros(n)
+    return np.argsort(np.argsort(x, kind="stable"), kind="stable") / (n - 1)
+
+
+def _of_best(x: np.ndarray) -> np.ndarray:
+    top = float(x.max()) if len(x) else 0.0
+    return x / top if top > 0 else np.zeros_like(x)
+
+
+def _neighbour(x: np.ndarray, reach: int) -> np.ndarray:
+    """The best value among the units within `reach` before or after each one (itself excluded)."""
+    n = len(x)
+    out = np.zeros(n)
+    for i in range(n):
+        around = np.concatenate([x[max(0, i - reach) : i], x[i + 1 : i + 1 + reach]])
+        out[i] = around.max() if len(around) else 0.0
+    return out
+
+
+def cited_spans(request: str) -> list[tuple[int, int]]:
+    """Line numbers and ranges the request names (`130,170p`, `130-170`, `line 142`)."""
+    spans = []
+    for m in _CITED.finditer(request):
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) else a
+        spans.append((a, b) if a <= b <= a + MAX_CITED_SPAN else (a, a))
+    return spans
+
+
+def _cited_share(lines: Sequence[str], spans: Sequence[tuple[int, int]]) -> float:
+    if not spans or not lines:
+        return 0.0
+    hits = 0
+    for line in lines:
+        m = _NUMBERED.match(line)
+        if m is not None:
+            n = int(m.group(1) or m.group(2))
+            hits += any(a <= n <= b for a, b in spans)
+    return hits / len(lines)
+
+
+def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
+    """One row of FEATURES per unit (see the module doc); pure and deterministic."""
+    n = len(units)
+    if n == 0:
+        return np.zeros((0, len(FEATURES)))
+    unit_lines = [split_lines(u) or [""] for u in units]
+    terms = [Counter(tokenize_for_search(u)) for u in units]
+    sizes = np.array([max(sum(t.values()), 1) for t in terms], dtype=np.float64)
+    bm25 = np.array(bm25_scores(units, request), dtype=np.float64)
+    flat_lines = [line for lines in unit_lines for line in lines]
+    line_scores = bm25_scores(flat_lines, request)
+    best_line = np.zeros(n)
+    k = 0
+    for i, lines in enumerate(unit_lines):
+        best_line[i] = max(line_scores[k : k + len(lines)])
+        k += len(lines)
+    asked = set(tokenize_for_search(request))
+    df = Counter(t for d in terms for t in d if t in asked)
+    rare = {t for t, c in df.items() if c <= max(2, 0.02 * n)}
+    idf = {t: math.log(1.0 + n / (c + 0.5)) for t, c in df.items()}
+    idf_total = sum(idf.values()) or 1.0
+    rare_hits = np.array([min(sum(1 for t in d if t in rare), RARE_TERMS_CAP) / RARE_TERMS_CAP for d in terms])
+    coverage = np.array([sum(w for t, w in idf.items() if t in d) / idf_total for d in terms])
+    spans = cited_spans(request)
+    cited = np.array([_cited_share(lines, spans) for lines in unit_lines])
+    bm25_best, line_best = _of_best(bm25), _of_best(best_line)
+    columns = [
+        _rank(bm25 / sizes), _rank(bm25), bm25_best, line_best, _rank(best_line), rare_hits, coverage,
+        np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
+    ]
+    return np.stack(columns, axis=1)
+
+
+@dataclass(frozen=True)
+class RankerWeights:
+    features: tuple[str, ...]
+    weights: np.ndarray  # one per feature
+    bias: float
+    info: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, "version": VERSION, "features": list(self.features),
+                           "weights": [round(float(w), 6) for w in self.weights], "bias": round(self.bias, 6),
+                           "info": self.info}, indent=1) + "\n"
+
+
+def load_weights(path: Path) -> RankerWeights:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RankerError(f"cannot read ranker {path}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
+        raise RankerError(f"{path} is not a {SCHEMA} v{VERSION} file")
+    if tuple(doc.get("features", ())) != FEATURES:
+        raise RankerError(f"{path} was fitted on other features: {doc.get('features')}")
+    weights = np.asarray(doc.get("weights", ()), dtype=np.float64)
+    bias = doc.get("bias")
+    if weights.shape != (len(FEATURES),) or not np.isfinite(weights).all() or not isinstance(bias, (int, float)) \
+            or not math.isfinite(bias):
+        raise RankerError(f"{path} has malformed weights")
+    return RankerWeights(FEATURES, weights, float(bias), dict(doc.get("info") or {}))
+
+
+def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1.0, steps: int = 50) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression by Newton's method over (features, 0/1 labels) per message."""
+    x = np.concatenate([f for f, _ in examples])
+    y = np.concatenate([lab for _, lab in examples]).astype(np.float64)
+    x1 = np.hstack([x, np.ones((len(x), 1))])
+    w = np.zeros(x1.shape[1])
+    ridge = l2 * np.eye(len(w)) / len(y)
+    ridge[-1, -1] = 0.0  # the bias is not shrunk
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-(x1 @ w)))
+        grad = x1.T @ (p - y) / len(y) + ridge @ w
+        hess = (x1.T * (p * (1.0 - p))) @ x1 / len(y) + ridge
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if float(np.abs(step).max()) < 1e-9:
+            break
+    return w[:-1], float(w[-1])
+
+
+class RankerScorer:
+    """Relevance = the fitted probability that a unit holds what the agent needs.
+
+    The recall gate asks BM25 instead (`gate_scorer`): on the MTRAG validation split at θ = 0.45
+    the ranker's statistic kept all gold in 86.1 % of conversations firing on 27.5 % of follow-ups,
+    BM25's in 90.3 % firing on 32.6 %; the weights were fitted on what a first compression must
+    keep of coding outputs, and a follow-up question is a different query."""
+
+    name = "ranker"
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or SHIPPED_RANKER
+        self.model = load_weights(self.path)
+        self.gate_scorer = Bm25Scorer()
+
+    def score(self, units: Sequence[str], request: str) -> list[float]:
+        x = ranker_features(units, request)
+        logits = x @ self.model.weights + self.model.bias
+        return [float(v) for v in 1.0 / (1.0 + np.exp(-logits))]

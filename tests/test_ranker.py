@@ -1,0 +1,174 @@
+"""The learned ranker (--scorer ranker, the default): features, weights, fitting, and its fallback."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from engine.ranker import (
+    FEATURES,
+    SHIPPED_RANKER,
+    RankerError,
+    RankerScorer,
+    RankerWeights,
+    cited_spans,
+    fit_weights,
+    load_weights,
+    ranker_features,
+)
+from engine.scorers import Bm25Scorer
+
+FILLER = [
+    "def render_header(page):\n    return page.title.upper()\n",
+    "def parse_config(path):\n    with open(path) as fh:\n        return fh.read()\n",
+    "class Cache:\n    def __init__(self):\n        self.items = {}\n",
+    "def log_event(name, payload):\n    print(name, payload)\n",
+]
+
+
+def numbered(first: int, body: list[str]) -> str:
+    return "".join(f"{first + k:6d}\t{line}\n" for k, line in enumerate(body))
+
+
+def test_features_have_one_row_per_unit_and_are_scale_free() -> None:
+    units = [*FILLER, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
+    x = ranker_features(units, "Where is the invoice total computed with the tax rate?")
+    assert x.shape == (len(units), len(FEATURES))
+    assert np.isfinite(x).all()
+    best = FEATURES.index("bm25_of_best")
+    assert x[-1, best] == 1.0 and (x[:-1, best] < 1.0).all()  # the invoice unit is the best match
+    # Doubling every unit's text doubles raw BM25 terms but not the rank or share columns.
+    y = ranker_features([u + u for u in units], "Where is the invoice total computed with the tax rate?")
+    for name in ("bm25_rank", "line_bm25_rank", "rare_terms"):
+        k = FEATURES.index(name)
+        assert np.allclose(x[:, k], y[:, k]), name
+
+
+def test_cited_line_numbers_mark_the_units_that_show_them() -> None:
+    assert cited_spans("nl -ba django/forms.py | sed -n '130,170p'") == [(130, 170)]
+    assert cited_spans("File \"x.py\", line 142, in f") == [(142, 142)]
+    assert cited_spans("lines 10-100000") == [(10, 10)]  # not a range anyone reads
+    shown = numbered(128, ["a = 1", "b = 2", "c = 3", "d = 4"])  # 128..131: two of four cited
+    elsewhere = numbered(900, ["a = 1", "b = 2", "c = 3", "d = 4"])
+    grep_hit = "forms.py:140:    value = clean(value)\n"
+    x = ranker_features([shown, elsewhere, grep_hit], "sed -n '130,170p' forms.py")
+    cited = x[:, FEATURES.index("cited_line_share")]
+    assert cited.tolist() == [0.5, 0.0, 1.0]
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80), max_size=12),
+       st.text(max_size=60))
+def test_features_are_finite_and_deterministic_for_any_text(units: list[str], request: str) -> None:
+    x = ranker_features(units, request)
+    assert x.shape == (len(units), len(FEATURES))
+    assert np.isfinite(x).all()
+    assert np.array_equal(x, ranker_features(units, request))
+    for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share"):
+        col = x[:, FEATURES.index(name)]
+        assert ((col >= 0) & (col <= 1)).all(), name
+
+
+def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
+    model = load_weights(SHIPPED_RANKER)
+    assert model.features == FEATURES and model.info["splits"] == ["train", "validation"]
+    scorer = RankerScorer()
+    units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
+    scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
+    assert len(scores) == len(units) and all(0.0 < s < 1.0 for s in scores)
+    assert int(np.argmax(scores)) == len(units) - 1
+
+
+def test_fitting_finds_the_informative_feature() -> None:
+    rng = np.random.default_rng(0)
+    examples = []
+    for _ in range(20):
+        x = rng.random((50, 3))
+        y = (x[:, 1] + 0.1 * rng.standard_normal(50) > 0.8).astype(float)
+        examples.append((x, y))
+    weights, bias = fit_weights(examples)
+    assert weights[1] > 5 * max(abs(weights[0]), abs(weights[2]))
+    assert bias < 0
+
+
+def write(path: Path, **doc: object) -> Path:
+    base = json.loads(SHIPPED_RANKER.read_text())
+    base.update(doc)
+    path.write_text(json.dumps(base))
+    return path
+
+
+@pytest.mark.parametrize("change", [
+    {"schema": "something.else"},
+    {"features": ["bm25_rank"]},
+    {"weights": [float("nan")] * len(FEATURES)},
+    {"weights": [1.0]},
+    {"bias": "high"},
+])
+def test_malformed_weights_are_refused(tmp_path: Path, change: dict[str, object]) -> None:
+    with pytest.raises(RankerError):
+        load_weights(write(tmp_path / "r.json", **change))
+
+
+def test_weights_round_trip(tmp_path: Path) -> None:
+    model = RankerWeights(FEATURES, np.arange(len(FEATURES), dtype=float), -2.5, {"note": "test"})
+    path = tmp_path / "r.json"
+    path.write_text(model.to_json())
+    back = load_weights(path)
+    assert np.array_equal(back.weights, model.weights) and back.bias == -2.5 and back.info == {"note": "test"}
+
+
+def test_a_missing_ranker_falls_back_to_bm25_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from gateway.config import load_settings
+    from gateway.scorer_factory import build_scorer
+
+    default = build_scorer(load_settings({"store_dir": tmp_path}))
+    assert isinstance(default.scorer, RankerScorer) and default.fallback is None
+    with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
+        choice = build_scorer(load_settings({"store_dir": tmp_path, "ranker": str(tmp_path / "missing.json")}))
+    assert isinstance(choice.scorer, Bm25Scorer)
+    assert choice.fallback is not None and "ranker" in choice.fallback
+    assert any("bm25" in r.getMessage() for r in caplog.records)
+
+
+SWE_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not (SWE_DATA / "swe-dev.jsonl.zst").is_file(), reason="../shared/data is not here")
+def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_path: Path) -> None:
+    """`pflash-gateway train-ranker` from a small data set: a file that loads, and no test-split session read."""
+    import subprocess
+    import sys
+
+    import zstandard
+
+    from engine.agent_data import load_jsonl_zst
+    from engine.splits import split_of
+
+    records = load_jsonl_zst(SWE_DATA / "swe-dev.jsonl.zst")
+    astropy = [r for r in records if r["id"].startswith("astropy__")]
+    picked = [r for r in astropy if split_of("swe", r["id"]) in ("train", "validation")][:3]
+    test_ids = [r["id"] for r in astropy if split_of("swe", r["id"]) == "test"]
+    assert {split_of("swe", r["id"]) for r in picked} == {"train", "validation"} and test_ids
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = "".join(json.dumps(r) + "\n" for r in picked + [r for r in astropy if r["id"] in test_ids])
+    (data / "swe-dev.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    out = tmp_path / "ranker.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "train-ranker", "--out", str(out), "--data", str(data),
+         "--drafter", str(model_path), "--store-dir", str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    model = load_weights(out)
+    assert model.info["sessions"] == len(picked)  # the test-split sessions in the file were not read
+    assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
+    assert "validation keeps" in result.stderr
+    scores = RankerScorer(out).score(FILLER, "parse the config file")
+    assert int(np.argmax(scores)) == 1
