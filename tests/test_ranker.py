@@ -169,6 +169,7 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     model = load_weights(out)
     assert model.info["sessions"] == len(picked)  # the test-split sessions in the file were not read
     assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
-    assert "validation keeps" in result.stderr
+    assert "validation keeps" in result.stderr and "cross-validation by session" in result.stderr
+    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "bm25"}
     scores = RankerScorer(out).score(FILLER, "parse the config file")
     assert int(np.argmax(scores)) == 1
