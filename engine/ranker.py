@@ -34,6 +34,7 @@ FEATURES: tuple[str, ...] = (
     "bm25_density_rank", "bm25_rank", "bm25_of_best", "line_bm25_of_best", "line_bm25_rank", "rare_terms",
     "term_coverage", "log_terms", "neighbour_bm25", "neighbour_line_bm25", "near_bm25", "cited_line_share",
 )
+EVIDENCE = [FEATURES.index(name) for name in ("bm25_of_best", "line_bm25_of_best", "cited_line_share")]
 SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "lexical.json"
 RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
 # A request number (2+ digits, or a range) and a unit line's number prefix: `cat -n`/`nl` ("  71\t"),
@@ -48,11 +49,15 @@ class RankerError(RuntimeError):
 
 
 def _rank(x: np.ndarray) -> np.ndarray:
-    """Each value's rank among the message's units, in [0, 1] (ties: earlier unit lower)."""
+    """Each value's rank among the message's units, in [0, 1]; tied values share their mean rank
+    (most units match nothing: their order in the message must not rank them)."""
     n = len(x)
     if n < 2:
         return np.zeros(n)
-    return np.argsort(np.argsort(x, kind="stable"), kind="stable") / (n - 1)
+    ranks = np.empty(n)
+    ranks[np.argsort(x, kind="stable")] = np.arange(n)
+    _, tie, count = np.unique(x, return_inverse=True, return_counts=True)
+    return np.bincount(tie, weights=ranks)[tie] / count[tie] / (n - 1)
 
 
 def _of_best(x: np.ndarray) -> np.ndarray:
@@ -191,5 +196,7 @@ class RankerScorer:
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)
+        if not x[:, EVIDENCE].any():  # no word and no line number in common: length alone would rank
+            return [0.0] * len(units)  # all zero: the planner serves the message whole
         logits = x @ self.model.weights + self.model.bias
         return [float(v) for v in 1.0 / (1.0 + np.exp(-logits))]

@@ -173,3 +173,30 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "bm25"}
     scores = RankerScorer(out).score(FILLER, "parse the config file")
     assert int(np.argmax(scores)) == 1
+
+
+def test_units_that_match_nothing_are_ranked_alike_wherever_they_stand() -> None:
+    units = [*FILLER, "def compute_invoice_total(items):\n    return sum(items)\n", *FILLER]
+    x = ranker_features(units, "compute_invoice_total")
+    for name in ("bm25_density_rank", "bm25_rank", "line_bm25_rank"):
+        col = x[:, FEATURES.index(name)]
+        unmatched = np.delete(col, len(FILLER))
+        assert np.allclose(unmatched, unmatched[0]), name  # first or last, the same rank
+        assert col[len(FILLER)] == 1.0
+
+
+def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
+    """Length alone must not choose what to keep: no evidence, no compression (as with BM25)."""
+    from gateway.compressor import CompressionSettings, MessageCompressor
+    from policies.conversation import Message
+
+    output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
+    assert RankerScorer().score(FILLER, "zzqx wvut") == [0.0] * len(FILLER)
+    settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
+    compressor = MessageCompressor(lambda text: len(text.split()), RankerScorer(), settings)
+    messages = [Message("user", "Qu'est-ce qui ne va pas ?"), Message("tool", output, tool_call_id="c1")]
+    plan, report = compressor.compress(messages, 1, len(output.split()))
+    assert not plan.compressed and plan.text == output and report.reason.startswith("scorer_failed")
+    messages[0] = Message("user", "Which handler routes event 217?")
+    plan, _ = compressor.compress(messages, 1, len(output.split()))
+    assert plan.compressed and "def handler_217(event):" in plan.text
