@@ -41,7 +41,15 @@ from benchmarks.common import (
     pyplot,
     savefig,
 )
-from engine.agent_data import LongOutput, build_long_outputs, gold_key, load_jsonl_zst, serving_messages
+from engine.agent_data import (
+    MARGIN,
+    LongOutput,
+    build_long_outputs,
+    gold_key,
+    gold_shown,
+    load_jsonl_zst,
+    serving_messages,
+)
 
 TITLE = "Evidence retention on real coding-agent sessions, test split (issue 12)"
 DATA = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
@@ -52,7 +60,6 @@ LIGHT = ("ranker", "bm25", "embed", "hybrid")  # scorers run on every output
 HEAVY = ("drafter", "fusion", "head")  # drafter reads: a subset only
 BASELINES = ("head+tail", "random")
 GOAL, GOAL_OVER_BM25 = 0.90, 0.10
-MARGIN = 1.04  # outputs are built a little over the threshold so admission takes them all
 
 
 @dataclass
@@ -106,9 +113,7 @@ def make_cases(outputs: Sequence[LongOutput], count: Any) -> list[Case]:
 
 
 def retention_of(case: Case, visible: Sequence[tuple[int, int]]) -> float:
-    o = case.output
-    shown = {gold_key(o.lines[i]) for a, b in visible for i in range(a, b + 1) if o.own[i]}
-    return len(o.gold & shown) / len(o.gold)
+    return gold_shown(case.output, visible)
 
 
 def occurrences_of(case: Case, visible: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -43,6 +43,7 @@ _PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)+\.\w+|[\w-]+\.(?:py|rst|txt|cfg|toml|js
 _LINENO = re.compile(r"(?:-n\s+|sed -n '|line\s+)(\d+)")
 
 Count = Callable[[str], int]
+MARGIN = 1.04  # outputs are built a little over the compression threshold so admission takes them all
 
 
 def load_jsonl_zst(path: Path) -> list[dict[str, Any]]:
@@ -249,6 +250,13 @@ def serving_messages(output: LongOutput, with_turn: bool = True) -> list[Any]:
         return [Message("user", output.task), tool]
     turn = Message("assistant", output.thought, (ToolCall("call_1", "bash", json.dumps({"command": output.command})),))
     return [Message("user", output.task), turn, tool]
+
+
+def gold_shown(output: LongOutput, visible: Sequence[tuple[int, int]]) -> float:
+    """Share of the output's distinct gold lines that one of its own shown lines holds (padding does
+    not count)."""
+    shown = {gold_key(output.lines[i]) for a, b in visible for i in range(a, b + 1) if output.own[i]}
+    return len(output.gold & shown) / len(output.gold)
 
 
 def gold_units(output: LongOutput, units: Sequence[Any]) -> list[bool]:

@@ -37,11 +37,11 @@ class Example:
     features: np.ndarray
     labels: np.ndarray
     plan_input: tuple[str, list[int], list[Any], int, tuple[int, int] | None]  # what the planner needs
-    gold: Callable[[Sequence[tuple[int, int]]], float]  # share of gold lines shown by these ranges
+    output: Any  # the engine.agent_data.LongOutput, for its gold lines
 
 
 def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence[str] = TRAIN_SPLITS) -> list[Example]:
-    from engine.agent_data import build_long_outputs, gold_key, gold_units, load_jsonl_zst, serving_messages
+    from engine.agent_data import MARGIN, build_long_outputs, gold_units, load_jsonl_zst, serving_messages
     from engine.splits import split_of
     from gateway.config import Settings
     from policies.request_finding import find_request
@@ -57,7 +57,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
     examples: list[Example] = []
     for split in splits:
         chosen = sorted((r for r in records if split_of("swe", r["id"]) == split), key=lambda r: r["id"])
-        for out in build_long_outputs(chosen, chosen, count, int(threshold * 1.04), 32768, 0):
+        for out in build_long_outputs(chosen, chosen, count, int(threshold * MARGIN), 32768, 0):
             lines = out.lines
             line_tokens = [count(x) for x in lines]
             tokens = count(out.text)
@@ -65,22 +65,19 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
             texts = ["".join(lines[u.first : u.last + 1]) for u in units]
             labels = np.array(gold_units(out, units), dtype=np.float64)
 
-            def gold(ranges: Sequence[tuple[int, int]], out=out) -> float:
-                shown = {gold_key(out.lines[i]) for a, b in ranges for i in range(a, b + 1) if out.own[i]}
-                return len(out.gold & shown) / len(out.gold)
-
             variants = [(True, serving_messages(out))]
             if out.kind == "tool_output":
                 variants.append((False, serving_messages(out, with_turn=False)))
             for serving, messages in variants:
                 request = find_request(messages, len(messages) - 1, count, request_tokens)
                 examples.append(Example(split, out.id.split("#")[0], serving, ranker_features(texts, request.scored), labels,
-                                        (out.text, line_tokens, units, tokens, request.pinned_lines), gold))
+                                        (out.text, line_tokens, units, tokens, request.pinned_lines), out))
     return examples
 
 
 def gold_kept(examples: Sequence[Example], score: Callable[[Example], Sequence[float]]) -> list[float]:
     """Per serving request: the share of its gold lines kept at CHECK_RATIO through the planner."""
+    from engine.agent_data import gold_shown
     from policies.compression import plan_compression
 
     shares = []
@@ -89,7 +86,7 @@ def gold_kept(examples: Sequence[Example], score: Callable[[Example], Sequence[f
             continue
         text, line_tokens, units, tokens, pinned = e.plan_input
         plan = plan_compression(text, line_tokens, list(map(float, score(e))), units, int(tokens * CHECK_RATIO), pinned)
-        shares.append(e.gold(plan.kept_ranges if plan.compressed else [(0, len(line_tokens) - 1)]))
+        shares.append(gold_shown(e.output, plan.kept_ranges if plan.compressed else [(0, len(line_tokens) - 1)]))
     return shares
 
 
