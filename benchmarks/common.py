@@ -223,9 +223,11 @@ class MemoScorer:
         self._memo: dict[str, list[float]] = {}
         self.last_seconds = 0.0  # time of the last real (uncached) call
         self.last_hit = False
-        gate = getattr(inner, "gate_scorer", None)
-        if gate is not None:  # the recall gate's own scorer (engine.scorers.gate_scorer_of), memoised too
-            self.gate_scorer = MemoScorer(gate)
+        # The recall gate's own scorer and the one for unasked text (engine.scorers), memoised too.
+        for role in ("gate_scorer", "unasked_scorer"):
+            other = getattr(inner, role, None)
+            if other is not None:
+                setattr(self, role, MemoScorer(other))
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         h = hashlib.sha256()
@@ -245,8 +247,9 @@ class MemoScorer:
 
     def clear(self) -> None:
         self._memo.clear()
-        if hasattr(self, "gate_scorer"):
-            self.gate_scorer.clear()
+        for role in ("gate_scorer", "unasked_scorer"):
+            if hasattr(self, role):
+                getattr(self, role).clear()
 
 
 class TokenCountCache:

@@ -5,10 +5,15 @@ in several views at once: the unit's best line as well as its whole text, reques
 rare in the message (a function's name) rather than common ones, relevance next door (the body
 after a matching `def` line), and line numbers the request cites (`sed -n '130,170p'`, a
 traceback's `line 142`) on the unit's numbered lines. Each feature is scale-free within the message
-(ranks, shares of the message's best), so one set of weights fits any output. Weights are fitted
-by `pflash-gateway train-ranker` on the train and validation splits of engine/splits.json (gold
-lines of real coding sessions) and shipped as JSON; no model is needed at run time, and scoring a
-30K-token output takes milliseconds.
+(ranks, shares of the message's best), so one set of weights fits any output of a kind.
+
+Two kinds, two weight sets. A tool output whose producing call the gateway found (`answers_call`)
+is ranked by what the call and the agent's words ask. Text no call asked for (a pasted session
+log, an output without its call) has only the task around it; there the transcript itself shows
+where attention went: lines it shows more than once (the code the agent opened again before
+editing it) are a further feature. Weights are fitted by `pflash-gateway train-ranker` on the
+train and validation splits of engine/splits.json (gold lines of real coding sessions) and shipped
+as JSON; no model is needed at run time, and scoring a 30K-token output takes milliseconds.
 """
 
 from __future__ import annotations
@@ -29,11 +34,20 @@ from policies.lexical import bm25_scores, tokenize_for_search
 from policies.rendering import split_lines
 
 SCHEMA = "pflash.ranker"
-VERSION = 1
+VERSION = 2
 FEATURES: tuple[str, ...] = (
     "bm25_density_rank", "bm25_rank", "bm25_of_best", "line_bm25_of_best", "line_bm25_rank", "rare_terms",
     "term_coverage", "log_terms", "neighbour_bm25", "neighbour_line_bm25", "near_bm25", "cited_line_share",
+    "repeated_lines",
 )
+ANSWERS_CALL, UNASKED = "answers_call", "unasked"
+# An output answering a call is not ranked by repetition: in training its neighbours are other
+# sessions' logs, whose own repeats would teach the weights to prefer them; inside one tool
+# output a repeated line is boilerplate (the same warning a hundred times), not attention.
+SET_FEATURES: dict[str, tuple[str, ...]] = {
+    ANSWERS_CALL: tuple(f for f in FEATURES if f != "repeated_lines"),
+    UNASKED: FEATURES,
+}
 EVIDENCE = [FEATURES.index(name) for name in ("bm25_of_best", "line_bm25_of_best", "cited_line_share")]
 SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "lexical.json"
 RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
@@ -42,6 +56,7 @@ RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
 _CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
 _NUMBERED = re.compile(r"^\s*(\d+)(?:\t|→|:|-)|^[\w./-]+:(\d+)[:-]")
 MAX_CITED_SPAN = 2000  # "1-100000" is not a range of lines anyone reads
+REPEAT_MIN_CHARS = 9  # shorter lines (`)`, `else:`, blank) repeat everywhere and say nothing
 
 
 class RankerError(RuntimeError):
@@ -97,6 +112,20 @@ def _cited_share(lines: Sequence[str], spans: Sequence[tuple[int, int]]) -> floa
     return hits / len(lines)
 
 
+def _repeated_share(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per unit: the share of its substantive lines (line-number prefix dropped) that the message
+    shows again outside the unit: the same code opened twice."""
+    keys = [[k for k in (_NUMBERED.sub("", line, count=1).strip() for line in lines) if len(k) >= REPEAT_MIN_CHARS]
+            for lines in unit_lines]
+    everywhere = Counter(k for ks in keys for k in ks)
+    shares = np.zeros(len(keys))
+    for i, ks in enumerate(keys):
+        if ks:
+            here = Counter(ks)
+            shares[i] = sum(1 for k in ks if everywhere[k] > here[k]) / len(ks)
+    return shares
+
+
 def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     """One row of FEATURES per unit (see the module doc); pure and deterministic."""
     n = len(units)
@@ -126,21 +155,52 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     columns = [
         _rank(bm25 / sizes), _rank(bm25), bm25_best, line_best, _rank(best_line), rare_hits, coverage,
         np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
+        _repeated_share(unit_lines),
     ]
     return np.stack(columns, axis=1)
 
 
+def columns_of(names: Sequence[str]) -> list[int]:
+    return [FEATURES.index(name) for name in names]
+
+
 @dataclass(frozen=True)
-class RankerWeights:
+class WeightSet:
+    """Weights for one kind of output, over the named subset of FEATURES."""
+
     features: tuple[str, ...]
     weights: np.ndarray  # one per feature
     bias: float
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """`x` holds every FEATURES column; this set reads its own."""
+        return 1.0 / (1.0 + np.exp(-(x[:, columns_of(self.features)] @ self.weights + self.bias)))
+
+
+@dataclass(frozen=True)
+class RankerWeights:
+    sets: dict[str, WeightSet]  # ANSWERS_CALL and UNASKED
     info: dict[str, Any]
 
     def to_json(self) -> str:
-        return json.dumps({"schema": SCHEMA, "version": VERSION, "features": list(self.features),
-                           "weights": [round(float(w), 6) for w in self.weights], "bias": round(self.bias, 6),
+        sets = {name: {"features": list(ws.features), "weights": [round(float(w), 6) for w in ws.weights],
+                       "bias": round(ws.bias, 6)} for name, ws in self.sets.items()}
+        return json.dumps({"schema": SCHEMA, "version": VERSION, "features": list(FEATURES), "sets": sets,
                            "info": self.info}, indent=1) + "\n"
+
+
+def _weight_set(path: Path, name: str, doc: Any) -> WeightSet:
+    if not isinstance(doc, dict):
+        raise RankerError(f"{path} has no {name!r} weight set")
+    features = tuple(doc.get("features", ()))
+    if not features or any(f not in FEATURES for f in features):
+        raise RankerError(f"{path}: the {name!r} set names unknown features: {list(features)}")
+    weights = np.asarray(doc.get("weights", ()), dtype=np.float64)
+    bias = doc.get("bias")
+    if weights.shape != (len(features),) or not np.isfinite(weights).all() or not isinstance(bias, (int, float)) \
+            or not math.isfinite(bias):
+        raise RankerError(f"{path} has malformed weights in its {name!r} set")
+    return WeightSet(features, weights, float(bias))
 
 
 def load_weights(path: Path) -> RankerWeights:
@@ -152,12 +212,9 @@ def load_weights(path: Path) -> RankerWeights:
         raise RankerError(f"{path} is not a {SCHEMA} v{VERSION} file")
     if tuple(doc.get("features", ())) != FEATURES:
         raise RankerError(f"{path} was fitted on other features: {doc.get('features')}")
-    weights = np.asarray(doc.get("weights", ()), dtype=np.float64)
-    bias = doc.get("bias")
-    if weights.shape != (len(FEATURES),) or not np.isfinite(weights).all() or not isinstance(bias, (int, float)) \
-            or not math.isfinite(bias):
-        raise RankerError(f"{path} has malformed weights")
-    return RankerWeights(FEATURES, weights, float(bias), dict(doc.get("info") or {}))
+    sets = doc.get("sets") if isinstance(doc.get("sets"), dict) else {}
+    return RankerWeights({name: _weight_set(path, name, sets.get(name)) for name in SET_FEATURES},
+                         dict(doc.get("info") or {}))
 
 
 def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1.0, steps: int = 50) -> tuple[np.ndarray, float]:
@@ -172,7 +229,7 @@ def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1
         p = 1.0 / (1.0 + np.exp(-(x1 @ w)))
         grad = x1.T @ (p - y) / len(y) + ridge @ w
         hess = (x1.T * (p * (1.0 - p))) @ x1 / len(y) + ridge
-        step = np.linalg.solve(hess, grad)
+        step = np.linalg.lstsq(hess, grad, rcond=None)[0]  # singular when a fold has no positive unit
         w -= step
         if float(np.abs(step).max()) < 1e-9:
             break
@@ -182,21 +239,25 @@ def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1
 class RankerScorer:
     """Relevance = the fitted probability that a unit holds what the agent needs.
 
-    The recall gate asks BM25 instead (`gate_scorer`): on the MTRAG validation split at θ = 0.45
-    the ranker's statistic kept all gold in 86.1 % of conversations firing on 27.5 % of follow-ups,
-    BM25's in 90.3 % firing on 32.6 %; the weights were fitted on what a first compression must
-    keep of coding outputs, and a follow-up question is a different query."""
+    Scores an output that answers a call; `unasked_scorer` (engine.scorers.unasked_scorer_of) scores
+    text no call asked for with the other weight set. The recall gate asks BM25 instead
+    (`gate_scorer`): on the MTRAG validation split at θ = 0.45 the ranker's statistic kept all gold
+    in 86.1 % of conversations firing on 27.5 % of follow-ups, BM25's in 90.3 % firing on 32.6 %;
+    the weights were fitted on what a first compression must keep of coding outputs, and a
+    follow-up question is a different query."""
 
     name = "ranker"
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, kind: str = ANSWERS_CALL, model: RankerWeights | None = None) -> None:
         self.path = path or SHIPPED_RANKER
-        self.model = load_weights(self.path)
+        self.model = model or load_weights(self.path)
+        self.weights = self.model.sets[kind]
         self.gate_scorer = Bm25Scorer()
+        if kind == ANSWERS_CALL:
+            self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model)
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)
         if not x[:, EVIDENCE].any():  # no word and no line number in common: length alone would rank
             return [0.0] * len(units)  # all zero: the planner serves the message whole
-        logits = x @ self.model.weights + self.model.bias
-        return [float(v) for v in 1.0 / (1.0 + np.exp(-logits))]
+        return [float(v) for v in self.weights.probabilities(x)]

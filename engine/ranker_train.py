@@ -3,10 +3,12 @@
 Examples are the long outputs the retention benchmark measures (engine.agent_data), built from the
 train and validation splits of engine/splits.json only; the test split is never read. Each output is
 segmented and its request found exactly as serving does (gateway.compressor's steps), and a unit is
-positive when it shows one of the session's gold lines. The fit is checked two ways before the
-shipped weights are fitted on train and validation together: weights fitted on train alone, scored
-on validation; and 5-fold cross-validation by session over both (each session's outputs held out
-together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
+positive when it shows one of the session's gold lines. Each weight set is fitted on the outputs of
+its kind (engine/ranker.py): tool outputs whose call the request finder found, and the rest
+(session logs with their task; tool outputs with the task alone). The fit is checked two ways before
+the shipped weights are fitted on train and validation together: weights fitted on train alone,
+scored on validation; and 5-fold cross-validation by session over both (each session's outputs held
+out together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.ranker import FEATURES, RankerWeights, fit_weights, load_weights, ranker_features
+from engine.ranker import ANSWERS_CALL, FEATURES, SET_FEATURES, UNASKED, RankerWeights, WeightSet, columns_of, \
+    fit_weights, load_weights, ranker_features
 
 DATA_FILES = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TRAIN_SPLITS = ("train", "validation")
@@ -34,6 +37,7 @@ class Example:
     split: str
     session: str
     serving: bool  # the request as serving sees it (not the "task alone" variant)
+    kind: str  # the weight set that scores it: ANSWERS_CALL or UNASKED
     features: np.ndarray
     labels: np.ndarray
     plan_input: tuple[str, list[int], list[Any], int, tuple[int, int] | None]  # what the planner needs
@@ -70,7 +74,8 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
                 variants.append((False, serving_messages(out, with_turn=False)))
             for serving, messages in variants:
                 request = find_request(messages, len(messages) - 1, count, request_tokens)
-                examples.append(Example(split, out.id.split("#")[0], serving, ranker_features(texts, request.scored), labels,
+                kind = ANSWERS_CALL if request.answers_call else UNASKED
+                examples.append(Example(split, out.id.split("#")[0], serving, kind, ranker_features(texts, request.scored), labels,
                                         (out.text, line_tokens, units, tokens, request.pinned_lines), out))
     return examples
 
@@ -94,12 +99,31 @@ def _mean(values: Sequence[float]) -> float:
     return round(float(np.mean(values)), 4) if len(values) else float("nan")
 
 
-def _probabilities(weights: np.ndarray, bias: float) -> Callable[[Example], Sequence[float]]:
-    return lambda e: 1.0 / (1.0 + np.exp(-(e.features @ weights + bias)))
+def _fit_sets(examples: Sequence[Example], l2: float = L2) -> dict[str, WeightSet]:
+    sets = {}
+    for kind, names in SET_FEATURES.items():
+        cols = columns_of(names)
+        if not any(e.kind == kind for e in examples):
+            raise ValueError(f"no outputs of kind {kind!r} to fit its weights on")
+        weights, bias = fit_weights([(e.features[:, cols], e.labels) for e in examples if e.kind == kind], l2)
+        sets[kind] = WeightSet(names, weights, bias)
+    return sets
+
+
+def _probabilities(sets: dict[str, WeightSet]) -> Callable[[Example], Sequence[float]]:
+    return lambda e: sets[e.kind].probabilities(e.features)
 
 
 def _bm25_of(e: Example) -> Sequence[float]:
     return e.features[:, FEATURES.index("bm25_of_best")]  # BM25 over its best: the same order as BM25
+
+
+def _check(held: Sequence[Example], score: Callable[[Example], Sequence[float]]) -> dict[str, float]:
+    """Gold kept by the ranker (`score`) and by BM25 on `held`, in all and by weight set."""
+    out = {"ranker": _mean(gold_kept(held, score)), "bm25": _mean(gold_kept(held, _bm25_of))}
+    for kind in SET_FEATURES:
+        out[f"ranker_{kind}"] = _mean(gold_kept([e for e in held if e.kind == kind], score))
+    return out
 
 
 def fold_of(session: str) -> int:
@@ -110,13 +134,8 @@ def fold_of(session: str) -> int:
 
 def cross_validate(examples: Sequence[Example], l2: float = L2) -> dict[str, float]:
     """Gold kept at CHECK_RATIO by held-out sessions, each fold scored by weights fitted on the others."""
-    kept: dict[str, list[float]] = {"ranker": [], "bm25": []}
-    for k in range(FOLDS):
-        held = [e for e in examples if fold_of(e.session) == k]
-        weights, bias = fit_weights([(e.features, e.labels) for e in examples if fold_of(e.session) != k], l2)
-        kept["ranker"] += gold_kept(held, _probabilities(weights, bias))
-        kept["bm25"] += gold_kept(held, _bm25_of)
-    return {name: _mean(v) for name, v in kept.items()}
+    fitted = [_fit_sets([e for e in examples if fold_of(e.session) != k], l2) for k in range(FOLDS)]
+    return _check(examples, lambda e: _probabilities(fitted[fold_of(e.session)])(e))
 
 
 def fit_ranker(data_dir: Path, count: Callable[[str], int]) -> RankerWeights:
@@ -124,17 +143,15 @@ def fit_ranker(data_dir: Path, count: Callable[[str], int]) -> RankerWeights:
     examples = build_examples(data_dir, count)
     train = [e for e in examples if e.split == "train"]
     validation = [e for e in examples if e.split == "validation"]
-    w_train, b_train = fit_weights([(e.features, e.labels) for e in train], L2)
-    check = {"ranker": _mean(gold_kept(validation, _probabilities(w_train, b_train))),
-             "bm25": _mean(gold_kept(validation, _bm25_of))}
-    weights, bias = fit_weights([(e.features, e.labels) for e in examples], L2)
+    check = _check(validation, _probabilities(_fit_sets(train)))
     info = {"data": list(DATA_FILES), "splits": list(TRAIN_SPLITS), "l2": L2,
             "sessions": len({e.session for e in examples}), "outputs": sum(e.serving for e in examples), "examples": len(examples),
+            "examples_by_set": {kind: sum(e.kind == kind for e in examples) for kind in SET_FEATURES},
             "units": int(sum(len(e.labels) for e in examples)), "positive_units": int(sum(e.labels.sum() for e in examples)),
             f"validation_gold_kept_{int(CHECK_RATIO * 100)}_fit_on_train": check,
             f"cross_validated_gold_kept_{int(CHECK_RATIO * 100)}": cross_validate(examples),
             "seconds": round(time.perf_counter() - started, 1)}
-    return RankerWeights(FEATURES, weights, bias, info)
+    return RankerWeights(_fit_sets(examples), info)
 
 
 def run_train_ranker(out: Path, data_dir: Path, model_path: Path) -> int:
@@ -145,7 +162,7 @@ def run_train_ranker(out: Path, data_dir: Path, model_path: Path) -> int:
           f"{model_path.name})", file=sys.stderr)
     try:
         model = fit_ranker(data_dir, GgufTokenizer(model_path).count_tokens)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"pflash-gateway train-ranker: {exc}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,5 +174,7 @@ def run_train_ranker(out: Path, data_dir: Path, model_path: Path) -> int:
     print(f"train-ranker: {model.info['outputs']} outputs, {model.info['units']:,} units "
           f"({model.info['positive_units']} with gold); gold kept at {pct} %: fitted on train alone, validation "
           f"keeps {100 * check['ranker']:.1f} % (bm25 {100 * check['bm25']:.1f} %); {FOLDS}-fold cross-validation "
-          f"by session {100 * cv['ranker']:.1f} % (bm25 {100 * cv['bm25']:.1f} %); wrote {out}", file=sys.stderr)
+          f"by session {100 * cv['ranker']:.1f} % (bm25 {100 * cv['bm25']:.1f} %; outputs answering a call "
+          f"{100 * cv['ranker_' + ANSWERS_CALL]:.1f} %, unasked {100 * cv['ranker_' + UNASKED]:.1f} %); wrote {out}",
+          file=sys.stderr)
     return 0

@@ -32,6 +32,12 @@ def gate_scorer_of(scorer: Any) -> Scorer:
     return getattr(scorer, "gate_scorer", scorer)  # type: ignore[no-any-return]
 
 
+def unasked_scorer_of(scorer: Any) -> Scorer:
+    """What scores text no call asked for (a paste, an output without its call): the scorer's own
+    `unasked_scorer` when it has one (the ranker's second weight set), else the scorer itself."""
+    return getattr(scorer, "unasked_scorer", scorer)  # type: ignore[no-any-return]
+
+
 class FeatureStore(Protocol):
     """A scorer whose per-unit features can travel with a session (the drafter's)."""
 

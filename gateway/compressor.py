@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.scorers import Scorer
+from engine.scorers import Scorer, unasked_scorer_of
 from policies.budget import parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
 from policies.conversation import Message
@@ -91,10 +91,11 @@ class MessageCompressor:
         unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
         scoring_started = time.perf_counter()
         scores: list[float] | None
+        scorer = self.scorer if request.answers_call else unasked_scorer_of(self.scorer)
         try:
-            scores = self.scorer.score(unit_texts, request.scored)
+            scores = scorer.score(unit_texts, request.scored)
         except Exception as exc:  # a failing scorer never fails the request
-            log.warning("scorer %s failed (%s): serving the message whole", self.scorer.name, exc)
+            log.warning("scorer %s failed (%s): serving the message whole", scorer.name, exc)
             scores = None
         scorer_seconds = time.perf_counter() - scoring_started
         budget = int(tokens * keep_ratio) if keep_ratio is not None else token_budget(tokens, self._curve)
@@ -103,6 +104,6 @@ class MessageCompressor:
             self.settings.fallback_spread, self.count_tokens,
         )
         served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
-        report = CompressionReport(plan.compressed, plan.reason, self.scorer.name, tokens, served_tokens,
+        report = CompressionReport(plan.compressed, plan.reason, scorer.name, tokens, served_tokens,
                                    scorer_seconds, time.perf_counter() - started, content_hash(text), len(lines))
         return plan, report

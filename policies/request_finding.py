@@ -41,6 +41,9 @@ class RequestText:
     scored: str
     # 0-based inclusive line span of the target message to keep whatever the scores say.
     pinned_lines: tuple[int, int] | None
+    # The message is a tool output whose producing call was found: the call says what is wanted.
+    # Otherwise (a paste, an output without its call) the scorer has only the surrounding text.
+    answers_call: bool = False
 
 
 def _trim(text: str, limit: int, count_tokens: CountTokens, keep: Literal["head", "tail", "ends"]) -> str:
@@ -154,7 +157,7 @@ def _tool_request(
     if system is not None and count_tokens(messages[system].content) <= MAX_SYSTEM_TOKENS:
         parts.append((2 * system, messages[system].content, "whole"))
     scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
-    return RequestText(scored=scored, pinned_lines=None)
+    return RequestText(scored=scored, pinned_lines=None, answers_call=found is not None)
 
 
 # --- long user pastes -----------------------------------------------------------------------------

@@ -47,6 +47,16 @@ def test_tool_request_uses_the_matching_call_user_text_assistant_and_system() ->
     assert order == sorted(order)
 
 
+def test_only_an_output_whose_call_was_found_answers_a_call() -> None:
+    """The ranker picks its weight set by this: the call's words, or only the text around the output."""
+    msgs = conversation()
+    assert find_request(msgs, 4, words).answers_call
+    orphan = [*msgs[:2], Message("tool", "x\n" * 100, tool_call_id="call_gone", name="bash")]
+    assert not find_request(orphan, 2, words).answers_call
+    paste = [SYSTEM, Message("user", "x\n" * 100 + "Why does it fail?\n")]
+    assert not find_request(paste, 1, words).answers_call
+
+
 def test_tool_request_trims_low_priority_parts_first() -> None:
     msgs = conversation()
     r = find_request(msgs, 4, words, max_scored_tokens=12)

@@ -11,17 +11,21 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from engine.ranker import (
+    ANSWERS_CALL,
     FEATURES,
+    SET_FEATURES,
     SHIPPED_RANKER,
+    UNASKED,
     RankerError,
     RankerScorer,
     RankerWeights,
+    WeightSet,
     cited_spans,
     fit_weights,
     load_weights,
     ranker_features,
 )
-from engine.scorers import Bm25Scorer
+from engine.scorers import Bm25Scorer, unasked_scorer_of
 
 FILLER = [
     "def render_header(page):\n    return page.title.upper()\n",
@@ -69,19 +73,47 @@ def test_features_are_finite_and_deterministic_for_any_text(units: list[str], re
     assert x.shape == (len(units), len(FEATURES))
     assert np.isfinite(x).all()
     assert np.array_equal(x, ranker_features(units, request))
-    for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share"):
+    for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share", "repeated_lines"):
         col = x[:, FEATURES.index(name)]
         assert ((col >= 0) & (col <= 1)).all(), name
 
 
+def test_lines_shown_again_elsewhere_mark_their_units() -> None:
+    """The same code opened twice (once numbered by `cat -n`, once bare) counts; short lines do not."""
+    body = ["def compute_invoice_total(items):", "    return sum(items)", ")"]
+    opened = numbered(40, body)
+    again = "$ sed -n '40,41p' billing.py\n" + "".join(line + "\n" for line in body[:2])
+    units = [opened, FILLER[0], again, ")\n)\n"]
+    share = ranker_features(units, "invoice").T[FEATURES.index("repeated_lines")]
+    assert share.tolist() == [1.0, 0.0, 2 / 3, 0.0]  # `)` is too short; `$ sed ...` is not shown twice
+    assert ranker_features([opened + opened], "invoice")[0, FEATURES.index("repeated_lines")] == 0.0  # only elsewhere
+
+
 def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
     model = load_weights(SHIPPED_RANKER)
-    assert model.features == FEATURES and model.info["splits"] == ["train", "validation"]
-    scorer = RankerScorer()
+    assert set(model.sets) == {ANSWERS_CALL, UNASKED} and model.info["splits"] == ["train", "validation"]
+    assert "repeated_lines" not in model.sets[ANSWERS_CALL].features and "repeated_lines" in model.sets[UNASKED].features
     units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
-    scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
-    assert len(scores) == len(units) and all(0.0 < s < 1.0 for s in scores)
-    assert int(np.argmax(scores)) == len(units) - 1
+    for scorer in (RankerScorer(), unasked_scorer_of(RankerScorer())):
+        scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
+        assert len(scores) == len(units) and all(0.0 < s < 1.0 for s in scores)
+        assert int(np.argmax(scores)) == len(units) - 1
+
+
+def test_unasked_text_is_scored_with_its_own_weights() -> None:
+    """A repeated unit gains only under the unasked set: the two sets really differ where they should."""
+    scorer = RankerScorer()
+    unasked = unasked_scorer_of(scorer)
+    assert unasked is not scorer and unasked.weights is scorer.model.sets[UNASKED]
+    assert scorer.weights is scorer.model.sets[ANSWERS_CALL]
+    seen = "def apply_discount(order):\n    return order.total * order.rate\n"
+    units = [seen, *FILLER, "def apply_discount_v2(order):\n    return order.total\n", seen]
+    request = "apply_discount order total"
+    base = ranker_features(units, request)
+    flat = base.copy()
+    flat[:, FEATURES.index("repeated_lines")] = 0.0
+    assert np.allclose(scorer.weights.probabilities(base), scorer.weights.probabilities(flat))
+    assert (unasked.weights.probabilities(base)[[0, -1]] > unasked.weights.probabilities(flat)[[0, -1]]).all()
 
 
 def test_fitting_finds_the_informative_feature() -> None:
@@ -103,12 +135,21 @@ def write(path: Path, **doc: object) -> Path:
     return path
 
 
+def one_set(**change: object) -> dict[str, object]:
+    sets = json.loads(SHIPPED_RANKER.read_text())["sets"]
+    sets[UNASKED].update(change)
+    return sets
+
+
 @pytest.mark.parametrize("change", [
     {"schema": "something.else"},
+    {"version": 1},
     {"features": ["bm25_rank"]},
-    {"weights": [float("nan")] * len(FEATURES)},
-    {"weights": [1.0]},
-    {"bias": "high"},
+    {"sets": {}},
+    {"sets": one_set(features=["no_such_feature"])},
+    {"sets": one_set(weights=[float("nan")] * len(FEATURES))},
+    {"sets": one_set(weights=[1.0])},
+    {"sets": one_set(bias="high")},
 ])
 def test_malformed_weights_are_refused(tmp_path: Path, change: dict[str, object]) -> None:
     with pytest.raises(RankerError):
@@ -116,11 +157,14 @@ def test_malformed_weights_are_refused(tmp_path: Path, change: dict[str, object]
 
 
 def test_weights_round_trip(tmp_path: Path) -> None:
-    model = RankerWeights(FEATURES, np.arange(len(FEATURES), dtype=float), -2.5, {"note": "test"})
+    sets = {kind: WeightSet(names, np.arange(len(names), dtype=float), -2.5) for kind, names in SET_FEATURES.items()}
     path = tmp_path / "r.json"
-    path.write_text(model.to_json())
+    path.write_text(RankerWeights(sets, {"note": "test"}).to_json())
     back = load_weights(path)
-    assert np.array_equal(back.weights, model.weights) and back.bias == -2.5 and back.info == {"note": "test"}
+    assert back.info == {"note": "test"}
+    for kind, ws in sets.items():
+        got = back.sets[kind]
+        assert got.features == ws.features and np.array_equal(got.weights, ws.weights) and got.bias == -2.5
 
 
 def test_a_missing_ranker_falls_back_to_bm25_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -170,7 +214,8 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     assert model.info["sessions"] == len(picked)  # the test-split sessions in the file were not read
     assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
     assert "validation keeps" in result.stderr and "cross-validation by session" in result.stderr
-    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "bm25"}
+    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "bm25", f"ranker_{ANSWERS_CALL}", f"ranker_{UNASKED}"}
+    assert all(model.info["examples_by_set"][kind] > 0 for kind in SET_FEATURES)
     scores = RankerScorer(out).score(FILLER, "parse the config file")
     assert int(np.argmax(scores)) == 1
 
@@ -200,3 +245,30 @@ def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
     messages[0] = Message("user", "Which handler routes event 217?")
     plan, _ = compressor.compress(messages, 1, len(output.split()))
     assert plan.compressed and "def handler_217(event):" in plan.text
+
+
+def test_the_compressor_scores_unasked_text_with_the_unasked_weights() -> None:
+    """A tool output answering a found call gets the call's weights; the same text without its call
+    (a session log after the task) gets the unasked set, with the repetition feature."""
+    from gateway.compressor import CompressionSettings, MessageCompressor
+    from policies.conversation import Message, ToolCall
+
+    class Recording:
+        def __init__(self, name: str) -> None:
+            self.name, self.calls = name, 0
+
+        def score(self, units: list[str], request: str) -> list[float]:
+            self.calls += 1
+            return [1.0 if "handler_217" in u else 0.0 for u in units]
+
+    asked, unasked = Recording("ranker"), Recording("ranker")
+    asked.unasked_scorer = unasked  # type: ignore[attr-defined]
+    output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
+    settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
+    compressor = MessageCompressor(lambda text: len(text.split()), asked, settings)  # type: ignore[arg-type]
+    call = Message("assistant", "", (ToolCall("c1", "bash", '{"command": "grep -n handler_217 -A1 app.py"}'),))
+    task = Message("user", "Which handler routes event 217?")
+    plan, _ = compressor.compress([task, call, Message("tool", output, tool_call_id="c1", name="bash")], 2, 1800)
+    assert plan.compressed and (asked.calls, unasked.calls) == (1, 0)
+    plan, _ = compressor.compress([task, Message("tool", output, tool_call_id="c9", name="bash")], 1, 1800)
+    assert plan.compressed and (asked.calls, unasked.calls) == (1, 1)
