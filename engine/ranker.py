@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from engine.scorers import Bm25Scorer
-from policies.lexical import bm25_scores, tokenize_for_search
+from policies.lexical import bm25_of_counts, tokenize_for_search
+from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
 
 SCHEMA = "pflash.ranker"
@@ -51,10 +52,8 @@ SET_FEATURES: dict[str, tuple[str, ...]] = {
 EVIDENCE = [FEATURES.index(name) for name in ("bm25_of_best", "line_bm25_of_best", "cited_line_share")]
 SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "lexical.json"
 RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
-# A request number (2+ digits, or a range) and a unit line's number prefix: `cat -n`/`nl` ("  71\t"),
-# Claude Code's Read ("71→"), `grep -n` on one file ("71:") or many ("path:71:").
+# A request number (2+ digits, or a range); unit lines' numbers come from policies.line_numbers.
 _CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
-_NUMBERED = re.compile(r"^\s*(\d+)(?:\t|→|:|-)|^[\w./-]+:(\d+)[:-]")
 MAX_CITED_SPAN = 2000  # "1-100000" is not a range of lines anyone reads
 REPEAT_MIN_CHARS = 9  # shorter lines (`)`, `else:`, blank) repeat everywhere and say nothing
 
@@ -105,17 +104,16 @@ def _cited_share(lines: Sequence[str], spans: Sequence[tuple[int, int]]) -> floa
         return 0.0
     hits = 0
     for line in lines:
-        m = _NUMBERED.match(line)
-        if m is not None:
-            n = int(m.group(1) or m.group(2))
-            hits += any(a <= n <= b for a, b in spans)
+        found = line_number(line)
+        if found is not None:
+            hits += any(a <= found[0] <= b for a, b in spans)
     return hits / len(lines)
 
 
 def _repeated_share(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
     """Per unit: the share of its substantive lines (line-number prefix dropped) that the message
     shows again outside the unit: the same code opened twice."""
-    keys = [[k for k in (_NUMBERED.sub("", line, count=1).strip() for line in lines) if len(k) >= REPEAT_MIN_CHARS]
+    keys = [[k for k in (without_line_number(line).strip() for line in lines) if len(k) >= REPEAT_MIN_CHARS]
             for lines in unit_lines]
     everywhere = Counter(k for ks in keys for k in ks)
     shares = np.zeros(len(keys))
@@ -132,11 +130,16 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     if n == 0:
         return np.zeros((0, len(FEATURES)))
     unit_lines = [split_lines(u) or [""] for u in units]
-    terms = [Counter(tokenize_for_search(u)) for u in units]
+    # Each line tokenized once: a unit's counts are its lines' (no term spans a line break).
+    line_terms = [Counter(tokenize_for_search(line)) for lines in unit_lines for line in lines]
+    terms: list[Counter[str]] = []
+    k = 0
+    for lines in unit_lines:
+        terms.append(sum(line_terms[k : k + len(lines)], Counter()))
+        k += len(lines)
     sizes = np.array([max(sum(t.values()), 1) for t in terms], dtype=np.float64)
-    bm25 = np.array(bm25_scores(units, request), dtype=np.float64)
-    flat_lines = [line for lines in unit_lines for line in lines]
-    line_scores = bm25_scores(flat_lines, request)
+    bm25 = np.array(bm25_of_counts(terms, request), dtype=np.float64)
+    line_scores = bm25_of_counts(line_terms, request)
     best_line = np.zeros(n)
     k = 0
     for i, lines in enumerate(unit_lines):

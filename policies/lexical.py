@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 K1 = 1.2
 B = 0.75
@@ -92,7 +92,11 @@ def tokenize_for_search(text: str) -> list[str]:
 
 def bm25_scores(unit_texts: Sequence[str], request: str, k1: float = K1, b: float = B) -> list[float]:
     """Okapi BM25 of each unit against the request's distinct terms (non-negative idf)."""
-    docs = [Counter(tokenize_for_search(t)) for t in unit_texts]
+    return bm25_of_counts([Counter(tokenize_for_search(t)) for t in unit_texts], request, k1, b)
+
+
+def bm25_of_counts(docs: Sequence[Mapping[str, int]], request: str, k1: float = K1, b: float = B) -> list[float]:
+    """bm25_scores over units already tokenized (term counts), for a caller that needs the counts too."""
     n = len(docs)
     if n == 0:
         return []

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Pattern
 
+from policies.line_numbers import NUMBER_PREFIXES, grep_path
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -42,15 +44,6 @@ class Unit:
 
 KINDS = ("code", "grep", "log", "prose", "blank")
 
-# --- line-number prefixes (Claude Code's Read, `cat -n`, `grep -n` on one file, `nl`) ---------
-_NUMBER_PREFIXES: tuple[Pattern[str], ...] = (
-    re.compile(r"^[ \t]*(\d+)→"),
-    re.compile(r"^[ \t]*(\d+)\t"),
-    # "12:code" / "12-context"; not "12:30" (a time) nor "2024-01" (a date).
-    re.compile(r"^[ \t]*(\d+)[:\-](?!\d)"),
-)
-
-_GREP = re.compile(r"^(?P<path>[^\s:]+?)[:\-](?P<num>\d+)[:\-]")
 _GREP_SEPARATOR = re.compile(r"^--\s*$")
 
 _LOG_START = re.compile(
@@ -99,7 +92,7 @@ def _detect_numbering(texts: Sequence[str]) -> Pattern[str] | None:
     if len(nonblank) < 2:
         return None
     best: tuple[int, Pattern[str]] | None = None
-    for pat in _NUMBER_PREFIXES:
+    for pat in NUMBER_PREFIXES:
         nums = [int(m.group(1)) for t in nonblank if (m := pat.match(t))]
         if len(nums) < 2 or len(nums) < 0.6 * len(nonblank):
             continue
@@ -123,14 +116,6 @@ def _indent(text: str) -> int:
     return len(expanded) - len(expanded.lstrip())
 
 
-def _grep_path(text: str) -> tuple[str, int] | None:
-    m = _GREP.match(text)
-    # A path has a letter in it: rules out "2024-01-01 ..." read as path "2024", line 01.
-    if m is None or not re.search(r"[A-Za-z_]", m.group("path")):
-        return None
-    return m.group("path"), int(m.group("num"))
-
-
 def _is_codeish(text: str) -> bool:
     s = text.strip()
     if not s:
@@ -148,7 +133,7 @@ def detect_kind(texts: Sequence[str]) -> str:
     if not nonblank:
         return "blank"
     n = len(nonblank)
-    if sum(1 for t in nonblank if _grep_path(t)) >= 0.5 * n:
+    if sum(1 for t in nonblank if grep_path(t)) >= 0.5 * n:
         return "grep"
     # Records may carry long continuations (tracebacks), so a minority of starts is enough.
     if sum(1 for t in nonblank if _LOG_START.match(t)) >= 0.25 * n:
@@ -192,7 +177,7 @@ def _starts_grep(texts: Sequence[str]) -> list[int]:
     starts = [0]
     current: str | None = None
     for i, t in enumerate(texts):
-        hit = _grep_path(t)
+        hit = grep_path(t)
         if hit is None:
             continue  # separators, blank and stray lines stay with the current file
         if current is not None and hit[0] != current and i > 0:
@@ -248,7 +233,7 @@ def _split_points(texts: Sequence[str], kind: str, raw_starts: Sequence[int]) ->
         elif kind == "grep":
             if i > 0 and _GREP_SEPARATOR.match(texts[i - 1]):
                 structure.add(i)
-            hit, prev = _grep_path(t), _grep_path(texts[i - 1]) if i > 0 else None
+            hit, prev = grep_path(t), grep_path(texts[i - 1]) if i > 0 else None
             if hit and prev and hit[0] == prev[0] and hit[1] != prev[1] + 1:
                 structure.add(i)  # a jump in line numbers is a new hit region
     after_blank = {i for i in range(1, len(texts)) if texts[i].strip() and not texts[i - 1].strip()}
