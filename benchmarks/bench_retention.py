@@ -402,6 +402,7 @@ def _commentary(results: dict[str, MethodResult], light: Sequence[str], idx: Seq
     lines.append("- `task alone` rows measure the request finder: the same outputs ranked against the task "
                  "without the agent's asking turn.")
     lines.append("- `ranker` scores an output with the weight set of its kind: tool outputs whose call the request "
-                 "finder found, with the set fitted on those; session logs and `task alone` rows (no call), with the "
-                 "set fitted on those, which adds the share of a unit's lines the message shows again elsewhere.")
+                 "finder found, with the set fitted on those; session logs and `task alone` rows (no call, and the padding "
+                 "makes both read as transcripts: policies/transcript.py), with the set fitted on those, which adds "
+                 "the share of a unit's lines the message shows again elsewhere.")
     return "\n".join(lines) + "\n"

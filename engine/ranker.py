@@ -8,9 +8,9 @@ traceback's `line 142`) on the unit's numbered lines. Each feature is scale-free
 (ranks, shares of the message's best), so one set of weights fits any output of a kind.
 
 Two kinds, two weight sets. A tool output whose producing call the gateway found (`answers_call`)
-is ranked by what the call and the agent's words ask. Text no call asked for (a pasted session
-log, an output without its call) has only the task around it; there the transcript itself shows
-where attention went: lines it shows more than once (the code the agent opened again before
+is ranked by what the call and the agent's words ask. A transcript no call asked for (a pasted
+session log: policies/transcript.py) has only the task around it; there the transcript itself
+shows where attention went: lines it shows more than once (the code the agent opened again before
 editing it) are a further feature. Weights are fitted by `pflash-gateway train-ranker` on the
 train and validation splits of engine/splits.json (gold lines of real coding sessions) and shipped
 as JSON; no model is needed at run time, and scoring a 30K-token output takes milliseconds.
@@ -18,6 +18,7 @@ as JSON; no model is needed at run time, and scoring a 30K-token output takes mi
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -130,21 +131,14 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     if n == 0:
         return np.zeros((0, len(FEATURES)))
     unit_lines = [split_lines(u) or [""] for u in units]
+    bounds = list(itertools.pairwise(itertools.accumulate((len(lines) for lines in unit_lines), initial=0)))
     # Each line tokenized once: a unit's counts are its lines' (no term spans a line break).
     line_terms = [Counter(tokenize_for_search(line)) for lines in unit_lines for line in lines]
-    terms: list[Counter[str]] = []
-    k = 0
-    for lines in unit_lines:
-        terms.append(sum(line_terms[k : k + len(lines)], Counter()))
-        k += len(lines)
+    terms = [sum(line_terms[a:b], Counter()) for a, b in bounds]
     sizes = np.array([max(sum(t.values()), 1) for t in terms], dtype=np.float64)
     bm25 = np.array(bm25_of_counts(terms, request), dtype=np.float64)
     line_scores = bm25_of_counts(line_terms, request)
-    best_line = np.zeros(n)
-    k = 0
-    for i, lines in enumerate(unit_lines):
-        best_line[i] = max(line_scores[k : k + len(lines)])
-        k += len(lines)
+    best_line = np.array([max(line_scores[a:b]) for a, b in bounds])
     asked = set(tokenize_for_search(request))
     df = Counter(t for d in terms for t in d if t in asked)
     rare = {t for t, c in df.items() if c <= max(2, 0.02 * n)}
@@ -243,7 +237,7 @@ class RankerScorer:
     """Relevance = the fitted probability that a unit holds what the agent needs.
 
     Scores an output that answers a call; `unasked_scorer` (engine.scorers.unasked_scorer_of) scores
-    text no call asked for with the other weight set. The recall gate asks BM25 instead
+    a transcript no call asked for with the other weight set (policies/transcript.py). The recall gate asks BM25 instead
     (`gate_scorer`): on the MTRAG validation split at θ = 0.45 the ranker's statistic kept all gold
     in 86.1 % of conversations firing on 27.5 % of follow-ups, BM25's in 90.3 % firing on 32.6 %;
     the weights were fitted on what a first compression must keep of coding outputs, and a

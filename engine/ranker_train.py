@@ -4,8 +4,8 @@ Examples are the long outputs the retention benchmark measures (engine.agent_dat
 train and validation splits of engine/splits.json only; the test split is never read. Each output is
 segmented and its request found exactly as serving does (gateway.compressor's steps), and a unit is
 positive when it shows one of the session's gold lines. Each weight set is fitted on the outputs of
-its kind (engine/ranker.py): tool outputs whose call the request finder found, and the rest
-(session logs with their task; tool outputs with the task alone). The fit is checked two ways before
+its kind (engine/ranker.py, policies/transcript.py): unasked transcripts (session logs with their
+task; tool outputs with the task alone, which the padding makes transcripts), and the rest. The fit is checked two ways before
 the shipped weights are fitted on train and validation together: weights fitted on train alone,
 scored on validation; and 5-fold cross-validation by session over both (each session's outputs held
 out together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
@@ -50,6 +50,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
     from gateway.config import Settings
     from policies.request_finding import find_request
     from policies.segmentation import segment
+    from policies.transcript import is_unasked_transcript
 
     f = Settings.model_fields
     threshold, min_seg, max_seg = f["threshold"].default, f["min_segment"].default, f["max_segment"].default
@@ -74,7 +75,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
                 variants.append((False, serving_messages(out, with_turn=False)))
             for serving, messages in variants:
                 request = find_request(messages, len(messages) - 1, count, request_tokens)
-                kind = ANSWERS_CALL if request.answers_call else UNASKED
+                kind = UNASKED if is_unasked_transcript(request.answers_call, lines) else ANSWERS_CALL
                 examples.append(Example(split, out.id.split("#")[0], serving, kind, ranker_features(texts, request.scored), labels,
                                         (out.text, line_tokens, units, tokens, request.pinned_lines), out))
     return examples

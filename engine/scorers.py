@@ -33,8 +33,8 @@ def gate_scorer_of(scorer: Any) -> Scorer:
 
 
 def unasked_scorer_of(scorer: Any) -> Scorer:
-    """What scores text no call asked for (a paste, an output without its call): the scorer's own
-    `unasked_scorer` when it has one (the ranker's second weight set), else the scorer itself."""
+    """What scores a transcript no call asked for (policies/transcript.py: a pasted session log): the
+    scorer's own `unasked_scorer` when it has one (the ranker's second weight set), else the scorer."""
     return getattr(scorer, "unasked_scorer", scorer)  # type: ignore[no-any-return]
 
 

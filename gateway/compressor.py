@@ -18,6 +18,7 @@ from policies.kept_lines import content_hash
 from policies.rendering import split_lines
 from policies.request_finding import find_request
 from policies.segmentation import Unit, segment
+from policies.transcript import is_unasked_transcript
 
 log = logging.getLogger("pflash.compress")
 
@@ -91,7 +92,7 @@ class MessageCompressor:
         unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
         scoring_started = time.perf_counter()
         scores: list[float] | None
-        scorer = self.scorer if request.answers_call else unasked_scorer_of(self.scorer)
+        scorer = unasked_scorer_of(self.scorer) if is_unasked_transcript(request.answers_call, lines) else self.scorer
         try:
             scores = scorer.score(unit_texts, request.scored)
         except Exception as exc:  # a failing scorer never fails the request

@@ -247,9 +247,10 @@ def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
     assert plan.compressed and "def handler_217(event):" in plan.text
 
 
-def test_the_compressor_scores_unasked_text_with_the_unasked_weights() -> None:
-    """A tool output answering a found call gets the call's weights; the same text without its call
-    (a session log after the task) gets the unasked set, with the repetition feature."""
+def test_the_compressor_scores_unasked_transcripts_with_the_unasked_weights() -> None:
+    """A tool output answering a found call gets the call's weights, even when it reads as a transcript;
+    a transcript without its call (a session log after the task) gets the unasked set; a single output
+    without its call is no transcript and keeps the call's weights."""
     from gateway.compressor import CompressionSettings, MessageCompressor
     from policies.conversation import Message, ToolCall
 
@@ -263,12 +264,15 @@ def test_the_compressor_scores_unasked_text_with_the_unasked_weights() -> None:
 
     asked, unasked = Recording("ranker"), Recording("ranker")
     asked.unasked_scorer = unasked  # type: ignore[attr-defined]
-    output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
+    single = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
+    log = "".join(f"$ sed -n '{i},{i + 1}p' app.py\ndef handler_{i}(event):\n    return route(event, {i})\n"
+                  for i in range(300))
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
     compressor = MessageCompressor(lambda text: len(text.split()), asked, settings)  # type: ignore[arg-type]
     call = Message("assistant", "", (ToolCall("c1", "bash", '{"command": "grep -n handler_217 -A1 app.py"}'),))
     task = Message("user", "Which handler routes event 217?")
-    plan, _ = compressor.compress([task, call, Message("tool", output, tool_call_id="c1", name="bash")], 2, 1800)
-    assert plan.compressed and (asked.calls, unasked.calls) == (1, 0)
-    plan, _ = compressor.compress([task, Message("tool", output, tool_call_id="c9", name="bash")], 1, 1800)
-    assert plan.compressed and (asked.calls, unasked.calls) == (1, 1)
+    for output, with_call, expected in ((log, True, (1, 0)), (log, False, (1, 1)), (single, False, (2, 1))):
+        messages = [task, call, Message("tool", output, tool_call_id="c1", name="bash")] if with_call else \
+            [task, Message("tool", output, tool_call_id="c9", name="bash")]
+        plan, _ = compressor.compress(messages, len(messages) - 1, len(output.split()))
+        assert plan.compressed and (asked.calls, unasked.calls) == expected, (with_call, expected)
