@@ -217,14 +217,16 @@ class MemoScorer:
     first (real) call's time is what the sections report.
     """
 
+    # The recall gate's own scorer and the one for unasked transcripts (engine.scorers), memoised too.
+    ROLES = ("gate_scorer", "unasked_scorer")
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name: str = inner.name
         self._memo: dict[str, list[float]] = {}
         self.last_seconds = 0.0  # time of the last real (uncached) call
         self.last_hit = False
-        # The recall gate's own scorer and the one for unasked text (engine.scorers), memoised too.
-        for role in ("gate_scorer", "unasked_scorer"):
+        for role in self.ROLES:
             other = getattr(inner, role, None)
             if other is not None:
                 setattr(self, role, MemoScorer(other))
@@ -247,7 +249,7 @@ class MemoScorer:
 
     def clear(self) -> None:
         self._memo.clear()
-        for role in ("gate_scorer", "unasked_scorer"):
+        for role in self.ROLES:
             if hasattr(self, role):
                 getattr(self, role).clear()
 

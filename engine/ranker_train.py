@@ -5,10 +5,10 @@ train and validation splits of engine/splits.json only; the test split is never 
 segmented and its request found exactly as serving does (gateway.compressor's steps), and a unit is
 positive when it shows one of the session's gold lines. Each weight set is fitted on the outputs of
 its kind (engine/ranker.py, policies/transcript.py): unasked transcripts (session logs with their
-task; tool outputs with the task alone, which the padding makes transcripts), and the rest. The fit is checked two ways before
-the shipped weights are fitted on train and validation together: weights fitted on train alone,
-scored on validation; and 5-fold cross-validation by session over both (each session's outputs held
-out together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
+task; tool outputs with the task alone, which the padding makes transcripts), and the rest. The
+fit is checked two ways before the shipped weights are fitted on train and validation together:
+weights fitted on train alone, scored on validation; and 5-fold cross-validation by session over
+both (each session's outputs held out together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
 """
 
 from __future__ import annotations

@@ -18,13 +18,16 @@ _GREP = re.compile(r"^(?P<path>[^\s:]+?)[:\-](?P<num>\d+)[:\-]")
 _LETTER = re.compile(r"[A-Za-z_]")
 
 
-def grep_path(text: str) -> tuple[str, int] | None:
-    """The file and line of a multi-file `grep -n` hit or context line."""
+def _grep_match(text: str) -> re.Match[str] | None:
     m = _GREP.match(text)
     # A path has a letter in it: rules out "2024-01-01 ..." read as path "2024", line 01.
-    if m is None or not _LETTER.search(m.group("path")):
-        return None
-    return m.group("path"), int(m.group("num"))
+    return m if m is not None and _LETTER.search(m.group("path")) else None
+
+
+def grep_path(text: str) -> tuple[str, int] | None:
+    """The file and line of a multi-file `grep -n` hit or context line."""
+    m = _grep_match(text)
+    return (m.group("path"), int(m.group("num"))) if m is not None else None
 
 
 def line_number(text: str) -> tuple[int, int] | None:
@@ -33,10 +36,8 @@ def line_number(text: str) -> tuple[int, int] | None:
         m = pattern.match(text)
         if m is not None:
             return int(m.group(1)), m.end()
-    m = _GREP.match(text)
-    if m is not None and _LETTER.search(m.group("path")):
-        return int(m.group("num")), m.end()
-    return None
+    m = _grep_match(text)
+    return (int(m.group("num")), m.end()) if m is not None else None
 
 
 def without_line_number(text: str) -> str:
