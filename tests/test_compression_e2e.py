@@ -106,6 +106,29 @@ def test_short_output_and_history_are_untouched(any_gateway: Gateway) -> None:
     assert transcript(gateway, cold)[3]["content"] == long_output
 
 
+def test_pasted_session_transcript_is_compressed_by_the_default_scorer(gateway: Gateway) -> None:
+    """A user pastes a session log (several `$ ` commands: a transcript no call asked for, so the
+    ranker's unasked weight set scores it): compressed through the real engine, the code the agent
+    opened twice is kept, and only whole original lines are served."""
+    blocks = python_module().split("\n\n")
+    log = []
+    for k, block in enumerate(blocks):
+        log += [f"$ sed -n '{10 * k + 1},{10 * k + 9}p' inventory.py", block]
+    opened_again = next(b for b in blocks if b.startswith("def compute_invoice_total"))
+    log += ["$ nl -ba inventory.py | sed -n '230,233p'", opened_again]
+    paste = "\n".join(log) + "\n\nWhy does the invoice total come out wrong with a zero tax_rate?\n"
+    session = "paste-" + uuid.uuid4().hex
+    response = post(gateway, session, [{"role": "user", "content": paste}])
+    assert response.headers["X-PFlash-Compressed"] == "true"
+    assert response.headers["X-PFlash-Scorer"] == "ranker"
+    served = transcript(gateway, session)[0]["content"]
+    assert "    subtotal = sum(item.price * item.quantity for item in items)" in served
+    assert "Why does the invoice total come out wrong with a zero tax_rate?" in served  # the question is pinned
+    original_lines = paste.splitlines()
+    kept = [line for line in served.splitlines()[1:] if not line.startswith("[… line")]
+    assert kept and all(line in original_lines for line in kept)
+
+
 def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_path: Path) -> None:
     from engine.llama_engine import LlamaEngine, LlamaOptions
     from gateway.compressor import CompressionSettings
