@@ -99,10 +99,18 @@ class BenchContext:
                 from engine.scorers import Bm25Scorer
 
                 scorer = Bm25Scorer()
-            elif name == "ranker":
+            elif name == "ranker":  # as it serves: its recall gate on the sentence encoder when one loads
                 from engine.ranker import RankerScorer
 
-                scorer = RankerScorer()
+                try:
+                    from engine.embedder import EmbeddingScorer
+                    from engine.embedder_convert import embedder_path
+
+                    # Its own encoder: the embed rows' unit cache must stay theirs (cold compressions).
+                    scorer = RankerScorer(dense=EmbeddingScorer(embedder_path(None, self.cache_dir / "models")))
+                except Exception as exc:  # noqa: BLE001 - as the gateway does: BM25 at the gate
+                    self._scorer_notes["ranker"] = f"recall gate on bm25: the sentence encoder did not load ({exc})"
+                    scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
                 from engine.drafter import FusionScorer
                 from engine.embedder import EmbeddingScorer

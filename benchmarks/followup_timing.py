@@ -2,15 +2,23 @@
 conversations (a long search output compressed on the first turn, then the recorded follow-ups)
 go to a gateway with the gate at its default θ and to one with the gate off; each follow-up is
 timed to its first streamed token. Without the gate a follow-up is a warm turn: only its new
-tokens are prefilled. With it, a follow-up that fires also prefills the excerpts it brings back."""
+tokens are prefilled. With it, a follow-up that fires also prefills the excerpts it brings back.
+
+The gated gateway embeds the compressed output's units in the background once the first turn is
+served (its recall gate then scores with the sentence encoder); the follow-ups are sent when that
+is done, as a user's next question comes after reading the answer. How long it took is reported."""
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from benchmarks.timing import ttft_stream
 from gateway.process import GatewayProcess
@@ -23,7 +31,24 @@ class FollowupTimes:
     seconds: dict[str, list[float]] = field(default_factory=lambda: {GATE_ON: [], GATE_OFF: []})
     fired: list[bool] = field(default_factory=list)  # per follow-up, on the gated server
     recalled_tokens: list[int] = field(default_factory=list)  # per follow-up that fired
+    background_seconds: list[float] = field(default_factory=list)  # per first turn: until its units were embedded
     conversations: int = 0
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled sample of the gateway's /metrics (0 when absent)."""
+    found = re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(f"{url}/metrics", timeout=10).text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_for_background(url: str, jobs_before: float, timeout: float = 300.0) -> float:
+    """Seconds until the gateway finished one more background embedding job than `jobs_before`."""
+    started = time.perf_counter()
+    while metric(url, "pflash_background_embedding_jobs_total") <= jobs_before:
+        if time.perf_counter() - started > timeout:
+            raise TimeoutError(f"background embedding not done after {timeout:.0f} s")
+        time.sleep(0.1)
+    return time.perf_counter() - started
 
 
 def to_wire(messages: Sequence[Any]) -> list[dict[str, Any]]:
@@ -46,7 +71,7 @@ def measure_followups(model: Path, work: Path, replays: Sequence[Any], threshold
     common = ("--model", str(model), "--n-ctx", "32768", "--threshold", str(threshold))
     servers = {GATE_ON: GatewayProcess(work / f"followup-on-{uuid.uuid4().hex[:8]}", *common),
                GATE_OFF: GatewayProcess(work / f"followup-off-{uuid.uuid4().hex[:8]}", *common,
-                                        "--recall-theta", "1.0", "--recall-budget", "0")}
+                                        "--recall-theta", "1.0", "--recall-budget", "0", "--no-recall-embedder")}
     out = FollowupTimes()
     try:
         for k, rep in enumerate(replays):
@@ -54,7 +79,11 @@ def measure_followups(model: Path, work: Path, replays: Sequence[Any], threshold
             messages = to_wire(rep.messages)
             for label in order:
                 session = f"followup-{k}-{uuid.uuid4().hex[:6]}"
-                ttft_stream(servers[label].url, session, messages[: rep.tool_index + 1])
+                url = servers[label].url
+                jobs = metric(url, "pflash_background_embedding_jobs_total")
+                _seconds, headers = ttft_stream(url, session, messages[: rep.tool_index + 1])
+                if label == GATE_ON and headers.get("X-PFlash-Compressed") == "true":
+                    out.background_seconds.append(wait_for_background(url, jobs))
                 for q in rep.question_indices:
                     seconds, headers = ttft_stream(servers[label].url, session, messages[: q + 1])
                     out.seconds[label].append(seconds)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.drafter import FeatureCache, cosines, to_mass
+from engine.scorers import Scorer
 
 log = logging.getLogger("pflash.embedder")
 
@@ -204,9 +205,21 @@ class EmbeddingScorer:
                 n = max(len(seq) - 2, 0)  # word pieces without [CLS] and [SEP]
                 for i in idx:
                     vectors[i], n_tokens[i] = vec, n
-                if n:
-                    self._cache.put(key, vec.copy(), n)
+                self._cache.put(key, vec.copy(), n)  # a blank unit too (n = 0: never relevant)
         return vectors, n_tokens
+
+    def has_vectors(self, units: Sequence[str]) -> bool:
+        """Every unit's vector is cached: scoring them would embed only the request."""
+        with self._lock:
+            return all(self._cache.get(FeatureCache.key(unit)) is not None for unit in units)
+
+    def embed_units(self, units: Sequence[str]) -> int:
+        """Embed and cache the units not cached yet (no request); returns how many were read. The
+        background embedder calls it a few units at a time, so a gate call never waits long."""
+        with self._lock:
+            before = self.units_embedded
+            self._unit_vectors(units)
+            return self.units_embedded - before
 
     def relevance(self, units: Sequence[str], request: str) -> tuple[np.ndarray, list[int]]:
         """(cosine per unit, word pieces per unit); embeds only units missing from the cache."""
@@ -228,7 +241,35 @@ class EmbeddingScorer:
             self.encoder.close()
 
 
+class EmbeddingGate:
+    """The recall gate's scorer beside a model-free compressor (the ranker): the sentence encoder's
+    relevance once every unit of the compressed messages has its vector (embedded after the turn,
+    gateway/background_embedding.py), BM25 until then. A follow-up never waits for units to be
+    embedded: it reads only its question."""
+
+    name = "embed"
+
+    def __init__(self, dense: EmbeddingScorer, lexical: Scorer) -> None:
+        self.dense = dense
+        self.lexical = lexical
+        self.counters: dict[str, int] = {"gate_embedded": 0, "gate_lexical": 0}
+        self._lock = threading.Lock()  # gate calls of several sessions run in worker threads
+
+    def score(self, units: Sequence[str], request: str) -> list[float]:
+        embedded = bool(request.strip()) and self.dense.has_vectors(units)
+        with self._lock:
+            self.counters["gate_embedded" if embedded else "gate_lexical"] += 1
+        return self.dense.score(units, request) if embedded else self.lexical.score(units, request)
+
+
 def encoder_of(scorer: object) -> LlamaEncoder | None:
     """The sentence encoder behind an `embed` or `hybrid` scorer, if it is one."""
     dense = getattr(scorer, "dense", scorer)
     return dense.encoder if isinstance(dense, EmbeddingScorer) else None
+
+
+def background_encoder_of(scorer: object) -> EmbeddingScorer | None:
+    """The encoder whose unit vectors are computed after the turn: that of a recall gate which
+    scores with embeddings beside a model-free compressor (EmbeddingGate), if the scorer has one."""
+    gate = getattr(scorer, "gate_scorer", None)
+    return gate.dense if isinstance(gate, EmbeddingGate) else None

@@ -26,14 +26,17 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.scorers import Bm25Scorer
+from engine.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
+
+if TYPE_CHECKING:
+    from engine.embedder import EmbeddingScorer
 
 SCHEMA = "pflash.ranker"
 VERSION = 2
@@ -237,19 +240,28 @@ class RankerScorer:
     """Relevance = the fitted probability that a unit holds what the agent needs.
 
     Scores an output that answers a call; `unasked_scorer` (engine.scorers.unasked_scorer_of) scores
-    a transcript no call asked for with the other weight set (policies/transcript.py). The recall gate asks BM25 instead
-    (`gate_scorer`): on the MTRAG validation split at θ = 0.45 the ranker's statistic kept all gold
-    in 86.1 % of conversations firing on 27.5 % of follow-ups, BM25's in 90.3 % firing on 32.6 %;
-    the weights were fitted on what a first compression must keep of coding outputs, and a
-    follow-up question is a different query."""
+    a transcript no call asked for with the other weight set (policies/transcript.py). The recall gate asks another
+    scorer (`gate_scorer`): the weights were fitted on what a first compression must keep of coding
+    outputs, and a follow-up question is a different query (on the MTRAG validation split at θ =
+    0.45 the ranker's statistic kept all gold in 86.1 % of conversations, BM25's in 90.3 %). With
+    `dense` the gate is the sentence encoder once the units are embedded (engine/embedder.py,
+    EmbeddingGate; gateway/background_embedding.py has its numbers), else BM25."""
 
     name = "ranker"
 
-    def __init__(self, path: Path | None = None, kind: str = ANSWERS_CALL, model: RankerWeights | None = None) -> None:
+    def __init__(self, path: Path | None = None, kind: str = ANSWERS_CALL, model: RankerWeights | None = None,
+                 dense: EmbeddingScorer | None = None) -> None:
         self.path = path or SHIPPED_RANKER
         self.model = model or load_weights(self.path)
         self.weights = self.model.sets[kind]
-        self.gate_scorer = Bm25Scorer()
+        # The sentence encoder, when given, serves the recall gate only (its units embedded after
+        # the turn); `dense` is also where a session's unit vectors are exported and restored.
+        self.dense = dense
+        self.gate_scorer: Scorer = Bm25Scorer()
+        if dense is not None:
+            from engine.embedder import EmbeddingGate
+
+            self.gate_scorer = EmbeddingGate(dense, self.gate_scorer)
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model)
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from policies.lexical import bm25_scores
+from policies.lexical import bm25_of_counts, tokenize_for_search
+
+# A unit's counts take ~10 KB; a 17K-token output has ~50 units: ~10 MB for the last ~20 long messages.
+DEFAULT_CACHED_UNITS = 1024
 
 
 class Scorer(Protocol):
@@ -17,12 +23,39 @@ class Scorer(Protocol):
 
 
 class Bm25Scorer:
-    """Lexical relevance, no model: the fallback when no drafter is configured."""
+    """Lexical relevance, no model: the fallback when no drafter is configured.
+
+    Keeps each unit's term counts (least recently used out first): the recall gate scores every
+    unit of a compressed message again on each follow-up, and tokenizing them was most of its
+    time (~25 ms for a 17K-token output against ~0.2 ms from the counts). Thread-safe.
+    """
 
     name = "bm25"
 
+    def __init__(self, cache_units: int = DEFAULT_CACHED_UNITS) -> None:
+        self.cache_units = max(0, cache_units)
+        self.units_tokenized = 0
+        self._counts: OrderedDict[bytes, Counter[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
     def score(self, units: Sequence[str], request: str) -> list[float]:
-        return bm25_scores(units, request)
+        return bm25_of_counts([self._term_counts(u) for u in units], request)
+
+    def _term_counts(self, unit: str) -> Counter[str]:
+        key = hashlib.sha256(unit.encode("utf-8", "surrogatepass")).digest()
+        with self._lock:
+            hit = self._counts.get(key)
+            if hit is not None:
+                self._counts.move_to_end(key)
+                return hit
+        counts = Counter(tokenize_for_search(unit))  # outside the lock: the slow part
+        with self._lock:
+            self.units_tokenized += 1
+            if self.cache_units:
+                self._counts[key] = counts
+                while len(self._counts) > self.cache_units:
+                    self._counts.popitem(last=False)
+        return counts
 
 
 def gate_scorer_of(scorer: Any) -> Scorer:

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
-from engine.embedder import encoder_of
+from engine.embedder import background_encoder_of, encoder_of
 from gateway import admin, ui
 from gateway.api import chat as chat_api
 from gateway.api import chat_output, messages_output, responses_output
@@ -27,6 +27,7 @@ from gateway.api_handler import (
     parse_conversation,
     read_json,
 )
+from gateway.background_embedding import BackgroundEmbedder
 from gateway.compressor import CompressionSettings
 from gateway.config import Settings
 from gateway.errors import ApiError, ApiFlavor, error_body, http_status
@@ -232,17 +233,25 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
             encoder.engine_idle = engine.idle
             log.info("sentence encoder: %d thread(s) while a turn runs, %d while the engine is idle",
                      encoder.busy_threads, encoder.idle_threads)
-        turns = TurnService(engine, registry, choice.scorer, compression)
+        dense = background_encoder_of(choice.scorer)
+        background = BackgroundEmbedder(dense, registry, engine.idle) if dense is not None else None
+        turns = TurnService(engine, registry, choice.scorer, compression, background)
         if choice.fallback is not None:  # /metrics: the configured scorer did not load
             turns.counters["scorer_fallbacks"] = 1
+        if choice.gate_fallback is not None:  # /metrics: the recall gate's encoder did not load
+            turns.counters["gate_embedder_fallbacks"] = 1
         state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
         app[APP_STATE] = state
         await engine.start()
+        if background is not None:
+            background.start()
         state.ready = True
         log.info("ready: model %s, n_ctx %d, store %s (%d sessions on disk), records written ahead: %s",
                  engine.model_id, engine.n_ctx, registry.store.dir, len(registry.list(None)), settings.record_sync)
         yield
         state.ready = False
+        if background is not None:
+            await background.stop()  # a message not embedded by now keeps BM25 at the gate
         await engine.close()  # the live session's KV goes to the RAM tier ...
         await asyncio.to_thread(registry.flush)  # ... and everything changed to disk
         await asyncio.to_thread(registry.close)

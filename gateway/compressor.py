@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.scorers import Scorer, unasked_scorer_of
 from policies.budget import parse_curve, token_budget
@@ -49,6 +49,7 @@ class CompressionReport:
     total_seconds: float
     source_hash: str = ""  # content hash of the original message (its kept-line map's key)
     lines: int = 0  # lines of the original message
+    unit_texts: tuple[str, ...] = field(default=(), repr=False)  # what was scored, unit by unit
 
 
 class MessageCompressor:
@@ -106,5 +107,6 @@ class MessageCompressor:
         )
         served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
         report = CompressionReport(plan.compressed, plan.reason, scorer.name, tokens, served_tokens,
-                                   scorer_seconds, time.perf_counter() - started, content_hash(text), len(lines))
+                                   scorer_seconds, time.perf_counter() - started, content_hash(text), len(lines),
+                                   tuple(unit_texts))
         return plan, report

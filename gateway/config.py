@@ -129,11 +129,17 @@ class Settings(BaseSettings):
         "see `pflash-gateway train-ranker`).",
     )
     embedder: str | None = Field(
-        None, description="Sentence-encoder GGUF for --scorer embed/hybrid (default: the packaged all-MiniLM-L6-v2, "
+        None, description="Sentence-encoder GGUF for --scorer embed/hybrid and the ranker's recall gate (default: the "
+        "packaged all-MiniLM-L6-v2, "
         "converted once into the model cache; see `pflash-gateway make-embedder`).",
     )
     head: str | None = Field(
         None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter).",
+    )
+    recall_embedder: bool = Field(
+        True, description="With --scorer ranker, the recall gate scores with the sentence encoder (--embedder): a "
+        "compressed message's units are embedded in the background after its turn, while the engine is idle, and "
+        "kept with the session; until then, or when this is off or the encoder cannot load, the gate uses BM25.",
     )
     recall_theta: float = Field(
         0.45, ge=0, le=1, description="Recall fires when the best omitted unit's share of the two peaks (best omitted "

@@ -182,7 +182,7 @@ def snapshot(state: AppState) -> StatsSnapshot:
     """Blocking (the registry's lock can be held by a store write): call it off the event loop."""
     stats = getattr(state.engine, "stats", None)
     return StatsSnapshot(_numbers(stats() if callable(stats) else {}), _numbers(state.registry.stats()),
-                         _numbers(dict(getattr(state.turns, "counters", {}))))
+                         _numbers(state.turns.stats()))
 
 
 def _numbers(stats: Mapping[str, Any]) -> dict[str, float]:
@@ -320,4 +320,24 @@ def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
     yield recall
     yield _counter("pflash_kept_map_failures", "Kept-line maps that did not re-apply (message served whole).",
                    t.get("kept_map_failures", 0.0))
+    yield _counter("pflash_gate_embedder_fallbacks",
+                   "The ranker's recall gate has no sentence encoder (it did not load at start): the gate uses BM25.",
+                   t.get("gate_embedder_fallbacks", 0.0))
+    gate = _counter("pflash_recall_gate_scoring",
+                    "Recall gate checks by how they were scored: the sentence encoder (units embedded after their "
+                    "turn) or BM25 (the units not embedded yet, or no encoder).", labels=["scorer"])
+    gate.add_metric(["embed"], t.get("gate_embedded", 0.0))
+    gate.add_metric(["bm25"], t.get("gate_lexical", 0.0))
+    yield gate
+    yield _counter("pflash_background_embedded_units",
+                   "Units of compressed messages embedded after their turn, while the engine was idle.",
+                   t.get("background_units_embedded", 0.0))
+    yield _counter("pflash_background_embedding_jobs", "Background embedding jobs finished (one per compression).",
+                   t.get("background_jobs", 0.0))
+    yield _counter("pflash_background_embedding_seconds", "Wall time of background embedding jobs.",
+                   t.get("background_seconds", 0.0))
+    yield _counter("pflash_background_embedding_failures", "Background embedding jobs that failed (BM25 at the gate).",
+                   t.get("background_failures", 0.0))
+    yield GaugeMetricFamily("pflash_background_embedding_pending", "Background embedding jobs queued or running.",
+                            value=t.get("background_pending", 0.0))
 

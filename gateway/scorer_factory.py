@@ -1,15 +1,20 @@
 """Build the configured relevance scorer. A model that cannot load never fails start-up: the scorer
 steps down (head → fusion → bm25; ranker, hybrid or embed → bm25) with one warning, and the step is
-counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks)."""
+counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks). The ranker's recall gate
+steps down to BM25 when its sentence encoder cannot load (`gate_fallback`, pflash_gate_embedder_fallbacks)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.scorers import Bm25Scorer, Scorer
 from gateway.config import Settings
+
+if TYPE_CHECKING:
+    from engine.embedder import EmbeddingScorer
 
 log = logging.getLogger("pflash.scorer")
 
@@ -18,6 +23,7 @@ log = logging.getLogger("pflash.scorer")
 class ScorerChoice:
     scorer: Scorer
     fallback: str | None = None  # why the configured scorer was replaced, if it was
+    gate_fallback: str | None = None  # why the recall gate's encoder did not load (the gate uses BM25)
 
 
 def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads: int | None = None,
@@ -45,14 +51,19 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     return ScorerChoice(fallback, f"head: {head_error}")
 
 
-def _embedding_scorer(settings: Settings) -> Scorer:
-    from engine.drafter import FusionScorer
+def _encoder(settings: Settings) -> EmbeddingScorer:
     from engine.embedder import EmbeddingScorer
     from engine.embedder_convert import embedder_path
 
     path = embedder_path(settings.embedder, settings.store_dir / "models")
-    dense = EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
     log.info("scorer %s: sentence encoder %s", settings.scorer, path.name)
+    return EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
+
+
+def _embedding_scorer(settings: Settings) -> Scorer:
+    from engine.drafter import FusionScorer
+
+    dense = _encoder(settings)
     return FusionScorer(dense, name="hybrid") if settings.scorer == "hybrid" else dense
 
 
@@ -64,10 +75,18 @@ def build_scorer(settings: Settings) -> ScorerChoice:
         from engine.ranker import RankerError, RankerScorer
 
         try:
-            return ScorerChoice(RankerScorer(Path(settings.ranker) if settings.ranker else None))
+            ranker = RankerScorer(Path(settings.ranker) if settings.ranker else None)
         except RankerError as exc:
             log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
             return ScorerChoice(Bm25Scorer(), f"ranker: {exc}")
+        if not settings.recall_embedder:
+            return ScorerChoice(ranker)
+        try:
+            dense = _encoder(settings)
+        except Exception as exc:  # noqa: BLE001 - the gate keeps BM25; compression is unaffected
+            log.warning("sentence encoder unavailable (%s): the recall gate scores with bm25", exc)
+            return ScorerChoice(ranker, gate_fallback=f"embed: {exc}")
+        return ScorerChoice(RankerScorer(ranker.path, model=ranker.model, dense=dense))
     if settings.scorer in ("embed", "hybrid"):
         try:
             return ScorerChoice(_embedding_scorer(settings))

@@ -18,7 +18,9 @@ from typing import Any
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.constraints import ConstraintError, output_constraint
-from engine.scorers import Scorer, feature_store_of
+from engine.embedder import EmbeddingGate
+from engine.scorers import Scorer, feature_store_of, gate_scorer_of
+from gateway.background_embedding import BackgroundEmbedder
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn
@@ -67,15 +69,28 @@ class Turn:
 
 class TurnService:
     def __init__(
-        self, engine: Engine, registry: SessionRegistry, scorer: Scorer, settings: CompressionSettings
+        self, engine: Engine, registry: SessionRegistry, scorer: Scorer, settings: CompressionSettings,
+        background: BackgroundEmbedder | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.settings = settings
+        self.background = background  # embeds a compressed message's units once its turn is served
         self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
         self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget,
                                  settings.recall_context)
         self.counters: dict[str, float] = {}
+
+    def stats(self) -> dict[str, float]:
+        """The turn counters with the recall gate's and the background encoder's (/metrics)."""
+        out = dict(self.counters)
+        gate = gate_scorer_of(self.compressor.scorer)
+        if isinstance(gate, EmbeddingGate):
+            out.update(gate.counters)
+        if self.background is not None:
+            out.update(self.background.counters)
+            out["background_pending"] = self.background.pending
+        return out
 
     def _count(self, name: str, amount: float = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -201,10 +216,9 @@ class TurnService:
         message = messages[index]
         key = content_hash(message.content)
         features = feature_store_of(self.compressor.scorer)
-        exported: dict[str, tuple[bytes, int]] = {}
-        if features is not None:  # keep the drafter's reading with the session (recall, restarts)
-            lines, _tokens, units = self.compressor.segment_message(message.content)
-            exported = features.export_features(["".join(lines[u.first : u.last + 1]) for u in units])
+        # Keep the model's reading with the session (recall, restarts); a background encoder has
+        # read nothing yet, and stores its vectors once the turn is served.
+        exported = features.export_features(report.unit_texts) if features is not None else {}
         kept = KeptLineMap(key, plan.kept_ranges, plan.total_tokens, plan.kept_tokens, content_hash(plan.text))
         record.add_kept_map(kept, _source_label(messages, index), exported)
         return replace(message, content=plan.text), report
@@ -242,6 +256,8 @@ class TurnService:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self.background is not None and turn.compression is not None and turn.compression.compressed:
+                self.background.submit(turn.record, turn.compression.unit_texts)
 
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
         served = [*turn.prompt.messages, Message("assistant", text, calls)]

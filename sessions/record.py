@@ -72,6 +72,12 @@ class SessionRecord:
             self.unit_features.update(features)
             self.version += 1
 
+    def add_unit_features(self, features: Mapping[str, tuple[bytes, int]]) -> None:
+        """Unit vectors computed after the turn (gateway/background_embedding.py)."""
+        with self._lock:
+            self.unit_features.update(features)
+            self.version += 1
+
     def add_recall(self, entry: RecallEntry) -> None:
         with self._lock:
             self.recall_log.append(entry)

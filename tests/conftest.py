@@ -44,9 +44,29 @@ def instruct_model_path(models_dir: Path) -> Path:
     return assemble(QWEN_CODER_05B, models_dir)
 
 
+@pytest.fixture(scope="session")
+def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sentence encoder, converted once by `pflash-gateway make-embedder` (which also runs the
+    reference check: cosine with the numpy implementation)."""
+    import re
+
+    from engine.embedder_convert import MIN_COSINE
+
+    store = tmp_path_factory.mktemp("embedder-store")
+    out = store / "minilm.gguf"
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "make-embedder", "--out", str(out),
+                           "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"cosine with the reference implementation: min ([0-9.]+)", proc.stdout)
+    assert found and float(found.group(1)) >= MIN_COSINE, proc.stdout
+    return out
+
+
 class Gateway(GatewayProcess):
     """A live gateway with the test defaults: small context, compression threshold lowered to 300,
-    the drafter given as a file (default: the served model's own file; Gemma in most tests)."""
+    the drafter given as a file (default: the served model's own file; Gemma in most tests), the
+    recall gate on BM25 unless `--recall-embedder` is passed."""
 
     def __init__(self, store: Path, model: Path, *extra: str, env: dict[str, str] | None = None,
                  drafter: Path | None = None) -> None:
@@ -56,6 +76,9 @@ class Gateway(GatewayProcess):
             store, "--model", str(model), "--drafter", str(drafter or model), "--n-ctx", "4096",
             "--threshold", "300", "--min-segment", "8",
             "--max-segment", "64", "--budget-curve", "300:0.3 100000:0.3", "--keepalive-seconds", "0.5",
+            # The gate's background encoder makes recall depend on timing (BM25 until the units are
+            # embedded): off here, on in the tests of it (test_background_embedding.py).
+            *(() if "--recall-embedder" in extra else ("--no-recall-embedder",)),
             *extra, env=env,
         )
 

@@ -175,3 +175,20 @@ def test_every_section_meets_the_shared_models_cold(monkeypatch: pytest.MonkeyPa
     bench_run.run_section("fake", ctx)
     bench_run.run_section("fake", ctx)
     assert events == ["forget", "run", "forget", "run"]
+
+
+def test_follow_up_report_gives_median_and_mean_ratios_and_the_verdict() -> None:
+    from benchmarks.bench_recall import followup_report
+    from benchmarks.followup_timing import GATE_OFF, GATE_ON, FollowupTimes
+
+    timed = FollowupTimes(conversations=2)
+    timed.seconds[GATE_OFF] = [0.4, 0.4, 0.4, 0.4, 0.4]
+    timed.seconds[GATE_ON] = [0.5, 0.5, 0.5, 6.0, 6.0]  # two of five fired
+    timed.fired = [False, False, False, True, True]
+    timed.recalled_tokens = [2000, 1900]
+    md = followup_report(timed)
+    assert "1.25× by the median follow-up (meets the ≤ 1.5× goal), 6.75× by the mean" in md
+    assert "| gate on, follow-ups where it fired | 2 | 6.00 (6.00–6.00) | 6.00 |" in md
+    timed.seconds[GATE_ON] = [0.5, 0.5, 6.0, 6.0, 6.0]
+    timed.fired = [False, False, True, True, True]
+    assert "(misses the ≤ 1.5× goal)" in followup_report(timed)

@@ -5,9 +5,6 @@ with the session, and the fallback to BM25 when it is missing."""
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,21 +17,6 @@ from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
 
 pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Converted once by `pflash-gateway make-embedder` (which also runs the reference check)."""
-    store = tmp_path_factory.mktemp("embedder-store")
-    out = store / "minilm.gguf"
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "make-embedder", "--out", str(out),
-                           "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
-    found = re.search(r"cosine with the reference implementation: min ([0-9.]+)", proc.stdout)
-    assert found and float(found.group(1)) >= MIN_COSINE, proc.stdout
-    return out
 
 
 @pytest.fixture
