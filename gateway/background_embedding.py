@@ -5,11 +5,11 @@ carries no encoder time. The recall gate, though, matches a later question bette
 sentence encoder (MTRAG train + validation, 236 conversations, θ = 0.45: all gold present at the
 last turn in 91.9 % of conversations against 89.8 % with BM25, firing on 35.6 % of follow-ups
 against 37.0 %; recalling on every follow-up, 98.7 % against 94.5 %). So once the turn that
-compressed a message is served,
-its units are embedded here, a few at a time and only while no turn is queued or running (an
-agent's next request waits at most one chunk), and the vectors are stored with the session, so a
-follow-up, even after a restart, embeds only its question. Until they are ready the gate scores
-with BM25 (engine/embedder.py, EmbeddingGate).
+compressed a message is served, its units are embedded here, a few at a time and only while no
+turn is queued or running (an agent's next request waits at most one chunk), and the vectors are
+stored with the session, so a follow-up, even after a restart, embeds only its question. Until
+they are ready the gate scores with BM25 (engine/embedder.py, EmbeddingGate); a job still queued
+at shutdown is dropped, and that message keeps BM25 at the gate.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from engine.embedder import EmbeddingGate
 from engine.scorers import feature_store_of, gate_scorer_of
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
@@ -28,6 +29,9 @@ class RecallReport:
     added_tokens: int
     seconds: float
     turn_hash: str = ""  # when fired: the recall log entry this turn added
+    # Units the gate's encoder has no vector for (their background job was lost to a restart):
+    # scored with BM25 this time, embedded after the turn for the next follow-up.
+    unembedded: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class RecallGate:
             features.import_features(stored)  # after eviction or a restart: no re-read
         scorer = gate_scorer_of(self.compressor.scorer)
         query = gate_query(messages, index, context_questions_for(scorer.name, self.context_questions))
-        scores = scorer.score(["".join(c.lines[c.first : c.last + 1]) for c in candidates], query)
+        texts = ["".join(c.lines[c.first : c.last + 1]) for c in candidates]
+        scores = scorer.score(texts, query)
+        unembedded = tuple(texts) if isinstance(scorer, EmbeddingGate) and not scorer.dense.has_vectors(texts) else ()
         recalled = record.recalled_units()
         already = frozenset(
             i for i, c in enumerate(candidates) if (c.source_hash, c.first, c.last) in recalled
@@ -78,7 +84,8 @@ class RecallGate:
         )
         elapsed = time.perf_counter() - started
         if not decision.recall:
-            return question, RecallReport(False, decision.reason, decision.peak_share, 0, elapsed)
+            return question, RecallReport(False, decision.reason, decision.peak_share, 0, elapsed,
+                                          unembedded=unembedded)
         blocks: list[str] = []
         by_source: dict[str, list[int]] = {}
         for unit in decision.units:
@@ -100,7 +107,7 @@ class RecallGate:
         added = self.compressor.count_tokens(rendered) - self.compressor.count_tokens(question.content)
         log.info("recall: %d units (%d tokens), peak share %.3f", len(units), added, decision.peak_share)
         return Message(question.role, rendered), RecallReport(True, decision.reason, decision.peak_share,
-                                                              added, elapsed, key)
+                                                              added, elapsed, key, unembedded)
 
     def _candidates(self, messages: Sequence[Message], record: SessionRecord) -> list[_Candidate]:
         """Every unit of every compressed message in this conversation, kept or omitted."""

@@ -256,8 +256,11 @@ class TurnService:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
-            if self.background is not None and turn.compression is not None and turn.compression.compressed:
-                self.background.submit(turn.record, turn.compression.unit_texts)
+            if self.background is not None:
+                if turn.compression is not None and turn.compression.compressed:
+                    self.background.submit(turn.record, turn.compression.unit_texts)
+                if turn.recall is not None and turn.recall.unembedded:
+                    self.background.submit(turn.record, turn.recall.unembedded)
 
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
         served = [*turn.prompt.messages, Message("assistant", text, calls)]

@@ -171,3 +171,26 @@ def test_a_missing_encoder_leaves_the_gate_on_bm25_with_a_warning_and_ametric(
     assert metric(server.url, "pflash_gate_embedder_fallbacks_total") == 1
     assert metric(server.url, "pflash_scorer_fallbacks_total") == 0
     assert "the recall gate scores with bm25" in server.log()
+
+
+def test_units_without_vectors_are_named_for_embedding_after_the_turn(dense: EmbeddingScorer, model_path: Path) -> None:
+    """A job lost to a restart: the gate scores with BM25 once and names the units, which the
+    gateway embeds after that turn; the next follow-up reads them with the encoder."""
+    from policies.conversation import Message
+    from tests.test_recall_features import rewrite_setup
+
+    service, messages = rewrite_setup(model_path)
+    turns = service(RankerScorer(dense=dense))
+    record = SessionRecord(session_id="c" * 64, tenant="")
+    _served, report, _ = asyncio.run(turns.rewrite(messages, record))
+    assert report is not None and report.compressed and report.unit_texts
+    follow = [*messages, Message("assistant", "Noted."), Message("user", "What does helper_37 return?")]
+    _served, _report, recall = asyncio.run(turns.rewrite(follow, record))
+    assert recall is not None and set(recall.unembedded) == set(report.unit_texts)
+    assert turns.stats()["gate_lexical"] == 1
+
+    dense.embed_units(recall.unembedded)  # what the background job does after the turn
+    follow += [Message("assistant", "It returns a norm."), Message("user", "And helper_12?")]
+    _served, _report, recall = asyncio.run(turns.rewrite(follow, record))
+    assert recall is not None and recall.unembedded == ()
+    assert turns.stats()["gate_embedded"] == 1
