@@ -7,18 +7,31 @@ normalisation the engine falls back to) and answered through the output encoders
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.base import PromptRejected
 from engine.chat_templates import ChatTemplateError, builtin_template, select_template
 from gateway.api import chat as chat_api
 from gateway.api import chat_output, messages_output, responses_output
 from gateway.api import messages as messages_api
 from gateway.api import responses as responses_api
 from gateway.errors import ApiError
-from policies.conversation import Conversation, Finished, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta, Usage
+from policies.conversation import (
+    Conversation,
+    Finished,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from policies.roles import alternate_roles
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNgAAIAAAUAAen63NgAAAAASUVORK5CYII="
@@ -125,6 +138,16 @@ EVENTS = [ReasoningDelta("r"), TextDelta("t"), ToolCallDelta(0, ToolCall("c", "a
           ToolCallDelta(1, ToolCall("d", "local_shell", '{"command": "ls"}'))]
 
 
+def _answers_no_call(messages: Sequence[Message]) -> bool:
+    """Some tool result comes before any assistant call with its id."""
+    called: set[str] = set()
+    for m in messages:
+        called.update(c.id for c in m.tool_calls)
+        if m.role == "tool" and m.tool_call_id not in called:
+            return True
+    return False
+
+
 def answer_everything(conv: Conversation) -> None:
     """Render as the engine would (strict template, then normalised roles) and encode a reply."""
     builtin_template("gemma").render(conv.messages, conv.tools)
@@ -134,8 +157,11 @@ def answer_everything(conv: Conversation) -> None:
         try:
             STRICT.render(alternate_roles(conv.messages), conv.tools)
         except ChatTemplateError:
-            # What normalising cannot fix (e.g. an assistant turn first) is the engine's named 400.
-            assert [m.role for m in alternate_roles(conv.messages) if m.role != "system"][:1] != ["user"]
+            # What normalising cannot fix is the engine's named 400 (PromptRejected): an assistant
+            # turn first, or a tool result no earlier call asked for (the APIs themselves refuse it).
+            normalised = alternate_roles(conv.messages)
+            assert ([m.role for m in normalised if m.role != "system"][:1] != ["user"]
+                    or _answers_no_call(normalised))
     done = Finished("tool_calls", Usage(10, 2, 0))
     for output in (chat_output, messages_output, responses_output):
         output.complete_response(conv, "id", 1, "t", [e.call for e in EVENTS[2:]], done, reasoning="r")
@@ -159,3 +185,18 @@ def test_mixed_blocks_never_fail_with_more_than_a_400(data: st.DataObject, which
         assert 400 <= err.status < 500 and err.message
         return
     answer_everything(conv)
+
+
+def test_a_tool_result_no_call_asked_for_is_the_engines_named_400() -> None:
+    """Found by the fuzz above: a user turn, then a function_call_output with no function_call. A
+    template that insists on alternation refuses it even normalised; the engine says so as
+    PromptRejected (the gateway's 400), never an unnamed error."""
+    from engine.llama_engine import LlamaEngine
+
+    body = {"model": "m", "instructions": "i", "max_output_tokens": 16,
+            "input": [{"type": "message", "role": "user", "content": ""},
+                      {"type": "function_call_output", "call_id": "t1", "output": []}]}
+    conv = responses_api.parse_request(body, {})
+    assert _answers_no_call(conv.messages)
+    with pytest.raises(PromptRejected, match="roles must alternate"):
+        LlamaEngine.render(SimpleNamespace(template=STRICT), conv.messages, conv.tools)  # type: ignore[arg-type]
