@@ -103,22 +103,17 @@ class BenchContext:
                 from engine.ranker import RankerScorer
 
                 try:
-                    from engine.embedder import EmbeddingScorer
-                    from engine.embedder_convert import embedder_path
-
                     # Its own encoder: the embed rows' unit cache must stay theirs (cold compressions).
-                    scorer = RankerScorer(dense=EmbeddingScorer(embedder_path(None, self.cache_dir / "models")))
+                    scorer = RankerScorer(dense=self._sentence_encoder())
                 except Exception as exc:  # noqa: BLE001 - as the gateway does: BM25 at the gate
                     self._scorer_notes["ranker"] = f"recall gate on bm25: the sentence encoder did not load ({exc})"
                     scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
                 from engine.drafter import FusionScorer
-                from engine.embedder import EmbeddingScorer
-                from engine.embedder_convert import embedder_path
 
                 dense = self._scorers.get("embed") if name == "hybrid" else None
                 if dense is None:
-                    dense = EmbeddingScorer(embedder_path(None, self.cache_dir / "models"))
+                    dense = self._sentence_encoder()
                     self._scorers["embed"] = dense
                 scorer = FusionScorer(dense, name="hybrid") if name == "hybrid" else dense
             elif name in ("drafter", "fusion"):
@@ -164,6 +159,13 @@ class BenchContext:
             forget = getattr(scorer, "forget_features", None)
             if forget is not None:
                 forget()
+
+    def _sentence_encoder(self) -> Any:
+        """A new EmbeddingScorer on the packaged encoder, converted into the cache once."""
+        from engine.embedder import EmbeddingScorer
+        from engine.embedder_convert import embedder_path
+
+        return EmbeddingScorer(embedder_path(None, self.cache_dir / "models"))
 
     def scorer_note(self, name: str) -> str:
         return self._scorer_notes.get(name, "")

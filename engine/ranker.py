@@ -26,17 +26,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from engine.embedder import EmbeddingGate, EmbeddingScorer
 from engine.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
-
-if TYPE_CHECKING:
-    from engine.embedder import EmbeddingScorer
 
 SCHEMA = "pflash.ranker"
 VERSION = 2
@@ -257,11 +255,7 @@ class RankerScorer:
         # The sentence encoder, when given, serves the recall gate only (its units embedded after
         # the turn); `dense` is also where a session's unit vectors are exported and restored.
         self.dense = dense
-        self.gate_scorer: Scorer = Bm25Scorer()
-        if dense is not None:
-            from engine.embedder import EmbeddingGate
-
-            self.gate_scorer = EmbeddingGate(dense, self.gate_scorer)
+        self.gate_scorer: Scorer = Bm25Scorer() if dense is None else EmbeddingGate(dense, Bm25Scorer())
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model)
 

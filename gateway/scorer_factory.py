@@ -72,21 +72,22 @@ def build_scorer(settings: Settings) -> ScorerChoice:
     if settings.scorer == "bm25":
         return ScorerChoice(Bm25Scorer())
     if settings.scorer == "ranker":
-        from engine.ranker import RankerError, RankerScorer
+        from engine.ranker import SHIPPED_RANKER, RankerError, RankerScorer, load_weights
 
+        path = Path(settings.ranker) if settings.ranker else SHIPPED_RANKER
         try:
-            ranker = RankerScorer(Path(settings.ranker) if settings.ranker else None)
+            model = load_weights(path)
         except RankerError as exc:
             log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
             return ScorerChoice(Bm25Scorer(), f"ranker: {exc}")
-        if not settings.recall_embedder:
-            return ScorerChoice(ranker)
-        try:
-            dense = _encoder(settings)
-        except Exception as exc:  # noqa: BLE001 - the gate keeps BM25; compression is unaffected
-            log.warning("sentence encoder unavailable (%s): the recall gate scores with bm25", exc)
-            return ScorerChoice(ranker, gate_fallback=f"embed: {exc}")
-        return ScorerChoice(RankerScorer(ranker.path, model=ranker.model, dense=dense))
+        dense, gate_fallback = None, None
+        if settings.recall_embedder:
+            try:
+                dense = _encoder(settings)
+            except Exception as exc:  # noqa: BLE001 - the gate keeps BM25; compression is unaffected
+                log.warning("sentence encoder unavailable (%s): the recall gate scores with bm25", exc)
+                gate_fallback = f"embed: {exc}"
+        return ScorerChoice(RankerScorer(path, model=model, dense=dense), gate_fallback=gate_fallback)
     if settings.scorer in ("embed", "hybrid"):
         try:
             return ScorerChoice(_embedding_scorer(settings))

@@ -63,6 +63,16 @@ def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture
+def sentence_encoder(embedder_path: Path) -> Iterator[Any]:
+    """A fresh EmbeddingScorer on the converted encoder (empty unit cache), two threads."""
+    from engine.embedder import EmbeddingScorer
+
+    scorer = EmbeddingScorer(embedder_path, n_threads=2)
+    yield scorer
+    scorer.close()
+
+
 class Gateway(GatewayProcess):
     """A live gateway with the test defaults: small context, compression threshold lowered to 300,
     the drafter given as a file (default: the served model's own file; Gemma in most tests), the

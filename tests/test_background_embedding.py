@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -33,32 +32,25 @@ LOG_UNITS = [
 ]
 
 
-@pytest.fixture
-def dense(embedder_path: Path) -> Iterator[EmbeddingScorer]:
-    scorer = EmbeddingScorer(embedder_path, n_threads=2)
-    yield scorer
-    scorer.close()
-
-
-def test_the_gate_reads_meaning_once_the_units_are_embedded(dense: EmbeddingScorer) -> None:
-    gate = EmbeddingGate(dense, Bm25Scorer())
+def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: EmbeddingScorer) -> None:
+    gate = EmbeddingGate(sentence_encoder, Bm25Scorer())
     question = "Why did the storage limit break the job?"  # no word in common with the failing line
     assert gate.score(LOG_UNITS, question) == Bm25Scorer().score(LOG_UNITS, question)  # not embedded yet
-    assert gate.counters == {"gate_embedded": 0, "gate_lexical": 1} and dense.units_embedded == 0
+    assert gate.counters == {"gate_embedded": 0, "gate_lexical": 1} and sentence_encoder.units_embedded == 0
 
-    assert dense.embed_units(LOG_UNITS) == len(LOG_UNITS)
-    assert dense.has_vectors(LOG_UNITS) and dense.embed_units(LOG_UNITS) == 0  # cached: read once
+    assert sentence_encoder.embed_units(LOG_UNITS) == len(LOG_UNITS)
+    assert sentence_encoder.has_vectors(LOG_UNITS) and sentence_encoder.embed_units(LOG_UNITS) == 0  # cached: read once
     scores = gate.score(LOG_UNITS, question)
     assert max(range(len(scores)), key=scores.__getitem__) == 2  # the quota line, by meaning
-    assert gate.counters["gate_embedded"] == 1 and dense.units_embedded == len(LOG_UNITS)  # only the question
+    assert gate.counters["gate_embedded"] == 1 and sentence_encoder.units_embedded == len(LOG_UNITS)  # only the question
 
 
-def test_the_ranker_names_its_background_encoder(dense: EmbeddingScorer) -> None:
-    assert background_encoder_of(RankerScorer(dense=dense)) is dense
+def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:
+    assert background_encoder_of(RankerScorer(dense=sentence_encoder)) is sentence_encoder
     assert isinstance(gate_scorer_of(RankerScorer()), Bm25Scorer) and background_encoder_of(RankerScorer()) is None
     from engine.drafter import FusionScorer
 
-    assert background_encoder_of(FusionScorer(dense, name="hybrid")) is None  # hybrid embeds while compressing
+    assert background_encoder_of(FusionScorer(sentence_encoder, name="hybrid")) is None  # hybrid embeds while compressing
 
 
 def _registry(tmp_path: Path) -> SessionRegistry:
@@ -66,16 +58,16 @@ def _registry(tmp_path: Path) -> SessionRegistry:
 
 
 def test_background_jobs_wait_for_an_idle_engine_and_persist_with_the_live_record(
-        dense: EmbeddingScorer, tmp_path: Path) -> None:
+        sentence_encoder: EmbeddingScorer, tmp_path: Path) -> None:
     async def scenario() -> tuple[SessionRecord, int, SessionRegistry]:
         registry = _registry(tmp_path)
         record = await registry.get_or_create("a" * 64, "", "x-session-id")
         idle = False
-        background = BackgroundEmbedder(dense, registry, lambda: idle, chunk_units=2)
+        background = BackgroundEmbedder(sentence_encoder, registry, lambda: idle, chunk_units=2)
         background.start()
         background.submit(record, LOG_UNITS)
         await asyncio.sleep(0.3)
-        waited = dense.units_embedded  # a turn is running: nothing read yet
+        waited = sentence_encoder.units_embedded  # a turn is running: nothing read yet
         assert background.pending == 1
         idle = True
         for _ in range(200):
@@ -95,13 +87,13 @@ def test_background_jobs_wait_for_an_idle_engine_and_persist_with_the_live_recor
     assert stored is not None and stored.unit_features == record.unit_features  # on disk with the session
 
 
-def test_a_session_deleted_meanwhile_is_not_written_back(dense: EmbeddingScorer, tmp_path: Path) -> None:
+def test_a_session_deleted_meanwhile_is_not_written_back(sentence_encoder: EmbeddingScorer, tmp_path: Path) -> None:
     async def scenario() -> SessionRegistry:
         registry = _registry(tmp_path)
         record = await registry.get_or_create("d" * 64, "", "x-session-id")
         await registry.save_record(record)
         await registry.delete(record.session_id)
-        background = BackgroundEmbedder(dense, registry, lambda: True)
+        background = BackgroundEmbedder(sentence_encoder, registry, lambda: True)
         background.start()
         background.submit(record, LOG_UNITS)
         for _ in range(200):
@@ -173,14 +165,14 @@ def test_a_missing_encoder_leaves_the_gate_on_bm25_with_a_warning_and_ametric(
     assert "the recall gate scores with bm25" in server.log()
 
 
-def test_units_without_vectors_are_named_for_embedding_after_the_turn(dense: EmbeddingScorer, model_path: Path) -> None:
+def test_units_without_vectors_are_named_for_embedding_after_the_turn(sentence_encoder: EmbeddingScorer, model_path: Path) -> None:
     """A job lost to a restart: the gate scores with BM25 once and names the units, which the
     gateway embeds after that turn; the next follow-up reads them with the encoder."""
     from policies.conversation import Message
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)
-    turns = service(RankerScorer(dense=dense))
+    turns = service(RankerScorer(dense=sentence_encoder))
     record = SessionRecord(session_id="c" * 64, tenant="")
     _served, report, _ = asyncio.run(turns.rewrite(messages, record))
     assert report is not None and report.compressed and report.unit_texts
@@ -189,7 +181,7 @@ def test_units_without_vectors_are_named_for_embedding_after_the_turn(dense: Emb
     assert recall is not None and set(recall.unembedded) == set(report.unit_texts)
     assert turns.stats()["gate_lexical"] == 1
 
-    dense.embed_units(recall.unembedded)  # what the background job does after the turn
+    sentence_encoder.embed_units(recall.unembedded)  # what the background job does after the turn
     follow += [Message("assistant", "It returns a norm."), Message("user", "And helper_12?")]
     _served, _report, recall = asyncio.run(turns.rewrite(follow, record))
     assert recall is not None and recall.unembedded == ()

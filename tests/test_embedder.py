@@ -5,27 +5,18 @@ with the session, and the fallback to BM25 when it is missing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.embedder import EmbeddingScorer
 from engine.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
 from policies.conversation import Message
 from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture
-def scorer(embedder_path: Path) -> Iterator[object]:
-    from engine.embedder import EmbeddingScorer
-
-    s = EmbeddingScorer(embedder_path, n_threads=2)
-    yield s
-    s.close()
 
 
 def test_conversion_matches_the_reference_implementation(embedder_path: Path) -> None:
@@ -66,32 +57,31 @@ def test_a_broken_conversion_is_refused(embedder_path: Path, tmp_path: Path, mon
     assert not (tmp_path / "bad.gguf").exists()
 
 
-def test_meaning_beyond_shared_words(scorer: object) -> None:
+def test_meaning_beyond_shared_words(sentence_encoder: EmbeddingScorer) -> None:
     units = [
         "step 1: collected 4 items, all passed in 0.2s\n",
         "error: the job could not write its output because the storage allocation is exhausted\n",
         "Paris is lovely in spring; cafes open their terraces.\n",
     ]
-    cos, _ = scorer.relevance(units, "Why did the build crash? Is the disk full?")  # type: ignore[attr-defined]
+    cos, _ = sentence_encoder.relevance(units, "Why did the build crash? Is the disk full?")
     assert int(np.argmax(cos)) == 1
 
 
-def test_the_request_is_embedded_by_its_head(scorer: object) -> None:
+def test_the_request_is_embedded_by_its_head(sentence_encoder: EmbeddingScorer) -> None:
     """Only the request's first max_query_tokens word pieces reach the encoder: the tail of a long
     task must not move the query vector (it does when the limit is lifted)."""
     units = ["the parser drops the last field of a quoted csv row\n", "the cache evicts the oldest entry\n"]
     head = "Fix the csv parser: a quoted row loses its last field. " * 12  # well over 128 word pieces
-    first, _ = scorer.relevance(units, head + "Also the cache is slow.")  # type: ignore[attr-defined]
-    second, _ = scorer.relevance(units, head + "Unrelated: the weather in Paris is lovely.")  # type: ignore[attr-defined]
+    first, _ = sentence_encoder.relevance(units, head + "Also the cache is slow.")
+    second, _ = sentence_encoder.relevance(units, head + "Unrelated: the weather in Paris is lovely.")
     assert np.array_equal(first, second)
-    scorer.max_query_tokens = 512  # type: ignore[attr-defined]
-    lifted, _ = scorer.relevance(units, head + "Unrelated: the weather in Paris is lovely.")  # type: ignore[attr-defined]
+    sentence_encoder.max_query_tokens = 512
+    lifted, _ = sentence_encoder.relevance(units, head + "Unrelated: the weather in Paris is lovely.")
     assert not np.allclose(first, lifted)
 
 
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
     from engine.drafter import FusionScorer
-    from engine.embedder import EmbeddingScorer
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)
@@ -116,7 +106,7 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
 
 def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: Path) -> None:
     from engine.drafter import FusionScorer
-    from engine.embedder import EmbeddingScorer, encoder_of
+    from engine.embedder import encoder_of
 
     scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
     assert encoder_of(FusionScorer(scorer, name="hybrid")) is scorer.encoder is encoder_of(scorer)
