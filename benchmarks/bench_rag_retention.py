@@ -36,7 +36,7 @@ from benchmarks.common import (
 )
 
 TITLE = "Evidence retention on MTRAG search outputs, test split (issue 12)"
-SCORERS = ("ranker", "bm25", "embed", "hybrid")
+SCORERS = ("ranker", "ranker-words", "bm25", "embed", "hybrid")
 GOAL = 0.95
 Range = tuple[int, int]
 

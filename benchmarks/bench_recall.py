@@ -204,7 +204,8 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, results
     kept = list(plan.kept_ranges) if plan.compressed else [(0, n_lines - 1)]
     background = background_encoder_of(memo.inner)
     background_seconds = None
-    if background is not None and plan.compressed:  # what the gateway does once the turn is served
+    # What the gateway does once the turn is served, for units compression did not embed.
+    if background is not None and plan.compressed and not background.has_vectors(report.unit_texts):
         started = time.perf_counter()
         background.embed_units(report.unit_texts)
         background_seconds = time.perf_counter() - started
@@ -370,9 +371,9 @@ def followup_report(timed: Any) -> str:
         "conversations, each sent to a gateway with the gate at its default θ and to one with the gate off "
         "(the first of the two alternating). The first turn (compression) is not timed; each follow-up is timed "
         f"to its first streamed token, median (min–max) and mean in seconds. The gate fired on {len(fired)} of "
-        f"{len(on)} follow-ups{extra}. The gated gateway embedded each compressed output's units after the first "
-        f"turn, in the background, in {spread(timed.background_seconds, 1)} s (counted from the end of the "
-        "first turn's stream); the follow-ups were sent once that was done, as a user's next question comes "
+        f"{len(on)} follow-ups{extra}. The gated gateway's background embedding job for each compressed output "
+        f"ended {spread(timed.background_seconds, 1)} s after the first turn's stream (it has nothing to read when "
+        "compression embedded the units); the follow-ups were sent once it had, as a user's next question comes "
         "after reading the answer.\n\n"
         + md_table(["follow-ups", "n", "time to first token s", "mean s"], rows)
     )
@@ -446,8 +447,8 @@ def _report(ctx: BenchContext, replays: list[Replay], skipped: dict[str, int], r
                           f"{1000 * (mean(g) or 0):.1f} ms", f"{1000 * (statistics.median(g) if g else 0):.1f} ms", read,
                           str(len(g)), ", ".join(f"{k}: {v}" for k, v in sorted(res.reasons.items()))])
     out.append("\nCost on this machine: the first compression (per 1K tokens, tokenizing and scoring included); "
-               "for the ranker, embedding the compressed output's units after the turn (the gateway does it in the "
-               "background while the engine is idle; seconds per conversation, median (min–max)); and the recall "
+               "embedding the compressed output's units after the turn where compression did not (the gateway does it "
+               "in the background while the engine is idle; seconds per conversation, median (min–max)); and the recall "
                "gate per follow-up (scoring every unit of the compressed output against the new question; unit "
                "vectors and drafter features are cached from the compression or the background, so only the "
                "question is read):\n")
@@ -492,9 +493,9 @@ def _commentary(results: dict[str, ScorerResult], replays: list[Replay]) -> str:
                      f"(recalling on every follow-up: {pct(mean(always.present_all))}; off: {pct(mean(off.present_all))}), "
                      f"which {verdict} the {pct(GOAL, 0)} goal, firing on {pct(mean(at.fired))} of follow-ups "
                      f"(goal ≤ 40 %) at {mean(at.added_tokens) or 0:,.0f} added tokens per follow-up on average.")
-    lines.append("- `ranker` rows: compression by the ranker (no model), the gate scoring with the sentence "
-                 "encoder once the output's units are embedded after the first turn (as the gateway serves it; until "
-                 "then it scores with BM25). The `bm25` rows are the gate without an encoder.")
+    lines.append("- `ranker` rows: compression by the ranker as it serves by default (lexical evidence and the "
+                 "sentence encoder's reading, which embeds every unit), so the gate scores with the encoder from "
+                 "the first follow-up. The `bm25` rows compress and gate with BM25 alone (no model).")
     lines.append("- The gate compares the best hidden unit with the best visible one (policies/recall.py): a "
                  "question about what was kept does not fire. θ was chosen on the validation split, as the "
                  "smallest θ whose firing rate stays under 40 %.")

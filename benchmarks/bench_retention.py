@@ -56,7 +56,7 @@ DATA = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TABLE_RATIOS = (0.15, 0.27, 0.40)
 PLOT_RATIOS = (0.05, 0.10, 0.15, 0.20, 0.27, 0.40, 0.55)
 CURVE = "curve"  # the budget curve's own budget (keep_ratio=None)
-LIGHT = ("ranker", "bm25", "embed", "hybrid")  # scorers run on every output
+LIGHT = ("ranker", "ranker-words", "bm25", "embed", "hybrid")  # scorers run on every output
 HEAVY = ("drafter", "fusion", "head")  # drafter reads: a subset only
 BASELINES = ("head+tail", "random")
 GOAL, GOAL_OVER_BM25 = 0.90, 0.10
@@ -404,5 +404,8 @@ def _commentary(results: dict[str, MethodResult], light: Sequence[str], idx: Seq
     lines.append("- `ranker` scores an output with the weight set of its kind: tool outputs whose call the request "
                  "finder found, with the set fitted on those; session logs and `task alone` rows (no call, and the padding "
                  "makes both read as transcripts: policies/transcript.py), with the set fitted on those, which adds "
-                 "the share of a unit's lines the message shows again elsewhere.")
+                 "the share of a unit's lines the message shows again elsewhere. `ranker` (the default) reads each "
+                 "unit's meaning too (the sentence encoder's cosine with the request, a set fitted with it); "
+                 "`ranker-words` is the same ranker without an encoder (`ranker_embedder` off, or no encoder), "
+                 "on its lexical weights alone.")
     return "\n".join(lines) + "\n"

@@ -99,15 +99,19 @@ class BenchContext:
                 from engine.scorers import Bm25Scorer
 
                 scorer = Bm25Scorer()
-            elif name == "ranker":  # as it serves: its recall gate on the sentence encoder when one loads
+            elif name == "ranker":  # as it serves: meaning read by the sentence encoder when one loads
                 from engine.ranker import RankerScorer
 
                 try:
                     # Its own encoder: the embed rows' unit cache must stay theirs (cold compressions).
                     scorer = RankerScorer(dense=self._sentence_encoder())
-                except Exception as exc:  # noqa: BLE001 - as the gateway does: BM25 at the gate
-                    self._scorer_notes["ranker"] = f"recall gate on bm25: the sentence encoder did not load ({exc})"
+                except Exception as exc:  # noqa: BLE001 - as the gateway does: lexical weights, BM25 gate
+                    self._scorer_notes["ranker"] = f"words alone: the sentence encoder did not load ({exc})"
                     scorer = RankerScorer()
+            elif name == "ranker-words":  # the ranker without an encoder (ranker_embedder off, or no encoder)
+                from engine.ranker import RankerScorer
+
+                scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
                 from engine.drafter import FusionScorer
 
@@ -156,7 +160,8 @@ class BenchContext:
         """Empty the unit caches of the shared models (encoder, drafter): sections share one model in
         memory but must not share what it read, or a later section would time warm scoring as cold."""
         for scorer in self._scorers.values():
-            forget = getattr(scorer, "forget_features", None)
+            # The ranker's encoder is its own (`dense`), not one of the shared models.
+            forget = getattr(scorer, "forget_features", None) or getattr(getattr(scorer, "dense", None), "forget_features", None)
             if forget is not None:
                 forget()
 

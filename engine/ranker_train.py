@@ -3,9 +3,11 @@
 Examples are the long outputs the retention benchmark measures (engine.agent_data), built from the
 train and validation splits of engine/splits.json only; the test split is never read. Each output is
 segmented and its request found exactly as serving does (gateway.compressor's steps), and a unit is
-positive when it shows one of the session's gold lines. Each weight set is fitted on the outputs of
-its kind (engine/ranker.py, policies/transcript.py): unasked transcripts (session logs with their
-task; tool outputs with the task alone, which the padding makes transcripts), and the rest. The
+positive when it shows one of the session's gold lines. The sentence encoder reads every unit and
+request once (the meaning features; a few minutes on two cores). Each weight set is fitted on the
+outputs of its kind (engine/ranker.py, policies/transcript.py): unasked transcripts (session logs
+with their task; tool outputs with the task alone, which the padding makes transcripts), and the
+rest, each once on the lexical features alone and once with meaning. The
 fit is checked two ways before the shipped weights are fitted on train and validation together:
 weights fitted on train alone, scored on validation; and 5-fold cross-validation by session over
 both (each session's outputs held out together). Each reports gold kept at 27 % through the planner, against BM25 on the same outputs.
@@ -22,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.ranker import ANSWERS_CALL, FEATURES, SET_FEATURES, UNASKED, RankerWeights, WeightSet, columns_of, \
-    fit_weights, load_weights, ranker_features
+from engine.embedder import EmbeddingScorer
+from engine.ranker import ANSWERS_CALL, FEATURES, SET_FEATURES, UNASKED, WITH_MEANING, RankerWeights, WeightSet, \
+    columns_of, fit_weights, load_weights, meaning_candidates, meaning_features, ranker_features
 
 DATA_FILES = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TRAIN_SPLITS = ("train", "validation")
@@ -38,13 +41,17 @@ class Example:
     session: str
     serving: bool  # the request as serving sees it (not the "task alone" variant)
     kind: str  # the weight set that scores it: ANSWERS_CALL or UNASKED
-    features: np.ndarray
+    features: np.ndarray  # FEATURES
+    cosine: np.ndarray  # the encoder's, every unit with the request (serving reads the candidates only)
+    word_pieces: np.ndarray
+    sizes: list[int]  # characters per unit
     labels: np.ndarray
     plan_input: tuple[str, list[int], list[Any], int, tuple[int, int] | None]  # what the planner needs
     output: Any  # the engine.agent_data.LongOutput, for its gold lines
 
 
-def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence[str] = TRAIN_SPLITS) -> list[Example]:
+def build_examples(data_dir: Path, count: Callable[[str], int], dense: EmbeddingScorer,
+                   splits: Sequence[str] = TRAIN_SPLITS, progress: Callable[[str], None] = lambda _: None) -> list[Example]:
     from engine.agent_data import MARGIN, build_long_outputs, gold_units, load_jsonl_zst, serving_messages
     from engine.splits import split_of
     from gateway.config import Settings
@@ -76,8 +83,11 @@ def build_examples(data_dir: Path, count: Callable[[str], int], splits: Sequence
             for serving, messages in variants:
                 request = find_request(messages, len(messages) - 1, count, request_tokens)
                 kind = UNASKED if is_unasked_transcript(request.answers_call, lines) else ANSWERS_CALL
-                examples.append(Example(split, out.id.split("#")[0], serving, kind, ranker_features(texts, request.scored), labels,
+                cosine, word_pieces = dense.relevance(texts, request.scored)
+                examples.append(Example(split, out.id.split("#")[0], serving, kind, ranker_features(texts, request.scored),
+                                        cosine, np.asarray(word_pieces), [len(t) for t in texts], labels,
                                         (out.text, line_tokens, units, tokens, request.pinned_lines), out))
+            progress(f"{len(examples)} outputs read")
     return examples
 
 
@@ -100,18 +110,32 @@ def _mean(values: Sequence[float]) -> float:
     return round(float(np.mean(values)), 4) if len(values) else float("nan")
 
 
+def with_meaning(e: Example, lexical: WeightSet) -> np.ndarray:
+    """FEATURES then DENSE_FEATURES, the encoder's units chosen by `lexical` as serving chooses them."""
+    read = meaning_candidates(e.features, lexical, e.sizes)
+    return np.hstack([e.features, meaning_features(len(e.labels), read, e.cosine[read], e.word_pieces[read])])
+
+
 def _fit_sets(examples: Sequence[Example], l2: float = L2) -> dict[str, WeightSet]:
-    sets = {}
-    for kind, names in SET_FEATURES.items():
-        cols = columns_of(names)
-        if not any(e.kind == kind for e in examples):
+    """Every weight set of SET_FEATURES, each on the outputs of its kind: the lexical sets first,
+    then the sets with meaning on the units those choose for the encoder."""
+    sets: dict[str, WeightSet] = {}
+    for name, names in SET_FEATURES.items():  # lexical sets come first
+        kind = name.removesuffix(WITH_MEANING)
+        own = [e for e in examples if e.kind == kind]
+        if not own:
             raise ValueError(f"no outputs of kind {kind!r} to fit its weights on")
-        weights, bias = fit_weights([(e.features[:, cols], e.labels) for e in examples if e.kind == kind], l2)
-        sets[kind] = WeightSet(names, weights, bias)
+        cols = columns_of(names)
+        rows = [with_meaning(e, sets[kind]) if name != kind else e.features for e in own]
+        weights, bias = fit_weights([(x[:, cols], e.labels) for x, e in zip(rows, own)], l2)
+        sets[name] = WeightSet(names, weights, bias)
     return sets
 
 
-def _probabilities(sets: dict[str, WeightSet]) -> Callable[[Example], Sequence[float]]:
+def _probabilities(sets: dict[str, WeightSet], meaning: bool = True) -> Callable[[Example], Sequence[float]]:
+    """The ranker as it serves with the encoder (`meaning`) or without it."""
+    if meaning:
+        return lambda e: sets[e.kind + WITH_MEANING].probabilities(with_meaning(e, sets[e.kind]))
     return lambda e: sets[e.kind].probabilities(e.features)
 
 
@@ -119,11 +143,14 @@ def _bm25_of(e: Example) -> Sequence[float]:
     return e.features[:, FEATURES.index("bm25_of_best")]  # BM25 over its best: the same order as BM25
 
 
-def _check(held: Sequence[Example], score: Callable[[Example], Sequence[float]]) -> dict[str, float]:
-    """Gold kept by the ranker (`score`) and by BM25 on `held`, in all and by weight set."""
-    out = {"ranker": _mean(gold_kept(held, score)), "bm25": _mean(gold_kept(held, _bm25_of))}
-    for kind in SET_FEATURES:
-        out[f"ranker_{kind}"] = _mean(gold_kept([e for e in held if e.kind == kind], score))
+def _check(held: Sequence[Example], sets_of: Callable[[Example], dict[str, WeightSet]]) -> dict[str, float]:
+    """Gold kept by the ranker with meaning, without it (`lexical`) and by BM25 on `held`; by kind too."""
+    ranker = lambda e: _probabilities(sets_of(e))(e)  # noqa: E731
+    out = {"ranker": _mean(gold_kept(held, ranker)),
+           "ranker_lexical": _mean(gold_kept(held, lambda e: _probabilities(sets_of(e), meaning=False)(e))),
+           "bm25": _mean(gold_kept(held, _bm25_of))}
+    for kind in (ANSWERS_CALL, UNASKED):
+        out[f"ranker_{kind}"] = _mean(gold_kept([e for e in held if e.kind == kind], ranker))
     return out
 
 
@@ -136,18 +163,20 @@ def fold_of(session: str) -> int:
 def cross_validate(examples: Sequence[Example], l2: float = L2) -> dict[str, float]:
     """Gold kept at CHECK_RATIO by held-out sessions, each fold scored by weights fitted on the others."""
     fitted = [_fit_sets([e for e in examples if fold_of(e.session) != k], l2) for k in range(FOLDS)]
-    return _check(examples, lambda e: _probabilities(fitted[fold_of(e.session)])(e))
+    return _check(examples, lambda e: fitted[fold_of(e.session)])
 
 
-def fit_ranker(data_dir: Path, count: Callable[[str], int]) -> RankerWeights:
+def fit_ranker(data_dir: Path, count: Callable[[str], int], dense: EmbeddingScorer,
+               progress: Callable[[str], None] = lambda _: None) -> RankerWeights:
     started = time.perf_counter()
-    examples = build_examples(data_dir, count)
+    examples = build_examples(data_dir, count, dense, progress=progress)
     train = [e for e in examples if e.split == "train"]
     validation = [e for e in examples if e.split == "validation"]
-    check = _check(validation, _probabilities(_fit_sets(train)))
-    info = {"data": list(DATA_FILES), "splits": list(TRAIN_SPLITS), "l2": L2,
+    on_train = _fit_sets(train)
+    check = _check(validation, lambda e: on_train)
+    info = {"data": list(DATA_FILES), "splits": list(TRAIN_SPLITS), "l2": L2, "encoder": dense.model_path.name,
             "sessions": len({e.session for e in examples}), "outputs": sum(e.serving for e in examples), "examples": len(examples),
-            "examples_by_set": {kind: sum(e.kind == kind for e in examples) for kind in SET_FEATURES},
+            "examples_by_set": {kind: sum(e.kind == kind for e in examples) for kind in (ANSWERS_CALL, UNASKED)},
             "units": int(sum(len(e.labels) for e in examples)), "positive_units": int(sum(e.labels.sum() for e in examples)),
             f"validation_gold_kept_{int(CHECK_RATIO * 100)}_fit_on_train": check,
             f"cross_validated_gold_kept_{int(CHECK_RATIO * 100)}": cross_validate(examples),
@@ -155,17 +184,21 @@ def fit_ranker(data_dir: Path, count: Callable[[str], int]) -> RankerWeights:
     return RankerWeights(_fit_sets(examples), info)
 
 
-def run_train_ranker(out: Path, data_dir: Path, model_path: Path) -> int:
+def run_train_ranker(out: Path, data_dir: Path, model_path: Path, encoder_path: Path) -> int:
     """Fit, write the JSON, read it back, print the validation check."""
     from engine.tokenizer import GgufTokenizer
 
     print(f"train-ranker: building outputs from {data_dir} (train and validation splits; tokens counted by "
-          f"{model_path.name})", file=sys.stderr)
+          f"{model_path.name}; meaning read by {encoder_path.name})", file=sys.stderr)
+    dense = EmbeddingScorer(encoder_path, n_threads=None)  # every core: nothing else runs
     try:
-        model = fit_ranker(data_dir, GgufTokenizer(model_path).count_tokens)
+        model = fit_ranker(data_dir, GgufTokenizer(model_path).count_tokens, dense,
+                           lambda line: print(f"train-ranker: {line}", file=sys.stderr))
     except (FileNotFoundError, ValueError) as exc:
         print(f"pflash-gateway train-ranker: {exc}", file=sys.stderr)
         return 2
+    finally:
+        dense.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(model.to_json())
     load_weights(out)  # read back: a file that does not load never claims success
@@ -174,8 +207,9 @@ def run_train_ranker(out: Path, data_dir: Path, model_path: Path) -> int:
     cv = model.info[f"cross_validated_gold_kept_{pct}"]
     print(f"train-ranker: {model.info['outputs']} outputs, {model.info['units']:,} units "
           f"({model.info['positive_units']} with gold); gold kept at {pct} %: fitted on train alone, validation "
-          f"keeps {100 * check['ranker']:.1f} % (bm25 {100 * check['bm25']:.1f} %); {FOLDS}-fold cross-validation "
-          f"by session {100 * cv['ranker']:.1f} % (bm25 {100 * cv['bm25']:.1f} %; outputs answering a call "
+          f"keeps {100 * check['ranker']:.1f} % (without meaning {100 * check['ranker_lexical']:.1f} %, bm25 "
+          f"{100 * check['bm25']:.1f} %); {FOLDS}-fold cross-validation by session {100 * cv['ranker']:.1f} % "
+          f"(without meaning {100 * cv['ranker_lexical']:.1f} %, bm25 {100 * cv['bm25']:.1f} %; outputs answering a call "
           f"{100 * cv['ranker_' + ANSWERS_CALL]:.1f} %, unasked {100 * cv['ranker_' + UNASKED]:.1f} %); wrote {out}",
           file=sys.stderr)
     return 0

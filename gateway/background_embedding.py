@@ -1,15 +1,16 @@
 """Embed a compressed message's units after its turn, while the engine is idle.
 
-The default scorer (the ranker) needs no model to compress, so a first turn's time to first token
-carries no encoder time. The recall gate, though, matches a later question better with the
-sentence encoder (MTRAG train + validation, 236 conversations, θ = 0.45: all gold present at the
-last turn in 91.9 % of conversations against 89.8 % with BM25, firing on 35.6 % of follow-ups
-against 37.0 %; recalling on every follow-up, 98.7 % against 94.5 %). So once the turn that
-compressed a message is served, its units are embedded here, a few at a time and only while no
-turn is queued or running (an agent's next request waits at most one chunk), and the vectors are
-stored with the session, so a follow-up, even after a restart, embeds only its question. Until
-they are ready the gate scores with BM25 (engine/embedder.py, EmbeddingGate); a job still queued
-at shutdown is dropped, and that message keeps BM25 at the gate.
+The ranker compresses without a model when it ranks by words alone (`ranker_embedder` off), so that
+turn's time to first token carries no encoder time. The recall gate, though, matches a later
+question better with the sentence encoder (MTRAG train + validation, 236 conversations, θ = 0.45:
+all gold present at the last turn in 91.9 % of conversations against 89.8 % with BM25, firing on
+35.6 % of follow-ups against 37.0 %; recalling on every follow-up, 98.7 % against 94.5 %). So once
+the turn that compressed a message is served, its units are embedded here, a few at a time and only
+while no turn is queued or running (an agent's next request waits at most one chunk), and the
+vectors are stored with the session, so a follow-up, even after a restart, embeds only its
+question. Until they are ready the gate scores with BM25 (engine/embedder.py, EmbeddingGate); a job
+still queued at shutdown is dropped, and that message keeps BM25 at the gate. A message the ranker
+compressed with meaning has its vectors already (stored with its kept map): its job ends at once.
 """
 
 from __future__ import annotations
@@ -82,15 +83,17 @@ class BackgroundEmbedder:
 
     async def _embed(self, job: EmbeddingJob) -> None:
         started = time.perf_counter()
-        for first in range(0, len(job.units), self.chunk_units):
-            while not self.idle():
-                await asyncio.sleep(IDLE_POLL_SECONDS)
-            read = await asyncio.to_thread(self.dense.embed_units, job.units[first : first + self.chunk_units])
-            self.counters["background_units_embedded"] += read
-        exported = await asyncio.to_thread(self.dense.export_features, job.units)
-        # Only the session's live record: one deleted (or replaced) meanwhile is not written back.
-        if await self.registry.find(job.record.session_id, None) is job.record:
-            job.record.add_unit_features(exported)
-            await self.registry.save_record(job.record)
+        # A message the ranker compressed with meaning has its vectors (stored with its kept map).
+        if not await asyncio.to_thread(self.dense.has_vectors, job.units):
+            for first in range(0, len(job.units), self.chunk_units):
+                while not self.idle():
+                    await asyncio.sleep(IDLE_POLL_SECONDS)
+                read = await asyncio.to_thread(self.dense.embed_units, job.units[first : first + self.chunk_units])
+                self.counters["background_units_embedded"] += read
+            exported = await asyncio.to_thread(self.dense.export_features, job.units)
+            # Only the session's live record: one deleted (or replaced) meanwhile is not written back.
+            if await self.registry.find(job.record.session_id, None) is job.record:
+                job.record.add_unit_features(exported)
+                await self.registry.save_record(job.record)
         self.counters["background_jobs"] += 1
         self.counters["background_seconds"] += time.perf_counter() - started

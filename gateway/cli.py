@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ranker.add_argument("--data", type=Path, default=None,
                         help="data directory (default: ../shared/data beside a source checkout)")
     ranker.add_argument("--config", type=Path, default=None)
-    add_settings_flags(ranker, ["store_dir", "drafter"])
+    add_settings_flags(ranker, ["store_dir", "drafter", "embedder"])
 
     head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
     head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
@@ -184,15 +184,17 @@ def _default_data_dir() -> Path:
 
 
 def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.embedder_convert import EmbedderConversionError, embedder_path
     from engine.model_files import ModelFileError, resolve_model
     from engine.ranker_train import run_train_ranker
 
     try:  # token counts (segmentation, budgets) by the drafter's vocabulary, as the benchmarks count
         model = resolve_model(settings.drafter, settings.store_dir / "models")
-    except ModelFileError as exc:
+        encoder = embedder_path(settings.embedder, settings.store_dir / "models")
+    except (ModelFileError, EmbedderConversionError) as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2
-    return run_train_ranker(args.out, args.data or _default_data_dir(), model)
+    return run_train_ranker(args.out, args.data or _default_data_dir(), model, encoder)
 
 
 def _train_head(settings: Settings, args: argparse.Namespace) -> int:

@@ -120,7 +120,8 @@ class Settings(BaseSettings):
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(
-        "ranker", description="Relevance scorer for compression: ranker (learned over lexical evidence, no model), "
+        "ranker", description="Relevance scorer for compression: ranker (learned over lexical evidence and the "
+        "sentence encoder's reading; lexical alone, no model, without it), "
         "bm25 (lexical, no model), embed (sentence encoder), hybrid (bm25 + encoder fusion), drafter, fusion "
         "(bm25 + drafter), head (learned head on the drafter).",
     )
@@ -136,10 +137,16 @@ class Settings(BaseSettings):
     head: str | None = Field(
         None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter).",
     )
+    ranker_embedder: bool = Field(
+        True, description="With --scorer ranker, compression also ranks by meaning: the sentence encoder (--embedder) "
+        "embeds each unit once (~0.1 s per 1K tokens on one core) and the ranker's weights with meaning features rank "
+        "them. Off, or when the encoder cannot load or fails, the ranker uses its lexical weights.",
+    )
     recall_embedder: bool = Field(
         True, description="With --scorer ranker, the recall gate scores with the sentence encoder (--embedder): a "
-        "compressed message's units are embedded in the background after its turn, while the engine is idle, and "
-        "kept with the session; until then, or when this is off or the encoder cannot load, the gate uses BM25.",
+        "compressed message's units are embedded by compression (ranker_embedder) or else in the background after "
+        "its turn, while the engine is idle, and kept with the session; until then, or when this is off or the "
+        "encoder cannot load, the gate uses BM25.",
     )
     recall_theta: float = Field(
         0.45, ge=0, le=1, description="Recall fires when the best omitted unit's share of the two peaks (best omitted "

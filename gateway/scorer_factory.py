@@ -1,7 +1,8 @@
 """Build the configured relevance scorer. A model that cannot load never fails start-up: the scorer
 steps down (head → fusion → bm25; ranker, hybrid or embed → bm25) with one warning, and the step is
-counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks). The ranker's recall gate
-steps down to BM25 when its sentence encoder cannot load (`gate_fallback`, pflash_gate_embedder_fallbacks)."""
+counted (`ScorerChoice.fallback`, exported as pflash_scorer_fallbacks). When the ranker's sentence
+encoder cannot load, the ranker keeps its lexical weights and its recall gate steps down to BM25
+(`gate_fallback`, pflash_gate_embedder_fallbacks)."""
 
 from __future__ import annotations
 
@@ -81,13 +82,16 @@ def build_scorer(settings: Settings) -> ScorerChoice:
             log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
             return ScorerChoice(Bm25Scorer(), f"ranker: {exc}")
         dense, gate_fallback = None, None
-        if settings.recall_embedder:
+        if settings.recall_embedder or settings.ranker_embedder:
             try:
                 dense = _encoder(settings)
-            except Exception as exc:  # noqa: BLE001 - the gate keeps BM25; compression is unaffected
-                log.warning("sentence encoder unavailable (%s): the recall gate scores with bm25", exc)
+            except Exception as exc:  # noqa: BLE001 - lexical weights and a BM25 gate need no model
+                log.warning("sentence encoder unavailable (%s): the ranker ranks by words alone and the recall gate "
+                            "scores with bm25", exc)
                 gate_fallback = f"embed: {exc}"
-        return ScorerChoice(RankerScorer(path, model=model, dense=dense), gate_fallback=gate_fallback)
+        ranker = RankerScorer(path, model=model, dense=dense, read_meaning=settings.ranker_embedder,
+                              gate_meaning=settings.recall_embedder)
+        return ScorerChoice(ranker, gate_fallback=gate_fallback)
     if settings.scorer in ("embed", "hybrid"):
         try:
             return ScorerChoice(_embedding_scorer(settings))

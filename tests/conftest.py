@@ -76,7 +76,8 @@ def sentence_encoder(embedder_path: Path) -> Iterator[Any]:
 class Gateway(GatewayProcess):
     """A live gateway with the test defaults: small context, compression threshold lowered to 300,
     the drafter given as a file (default: the served model's own file; Gemma in most tests), the
-    recall gate on BM25 unless `--recall-embedder` is passed."""
+    ranker on its lexical weights unless `--ranker-embedder` is passed, and the recall gate on BM25
+    unless `--recall-embedder` is."""
 
     def __init__(self, store: Path, model: Path, *extra: str, env: dict[str, str] | None = None,
                  drafter: Path | None = None) -> None:
@@ -87,8 +88,11 @@ class Gateway(GatewayProcess):
             "--threshold", "300", "--min-segment", "8",
             "--max-segment", "64", "--budget-curve", "300:0.3 100000:0.3", "--keepalive-seconds", "0.5",
             # The gate's background encoder makes recall depend on timing (BM25 until the units are
-            # embedded): off here, on in the tests of it (test_background_embedding.py).
+            # embedded), and the tests' short outputs pin lines the lexical ranker keeps: the
+            # encoder is off here, on in the tests of it (test_background_embedding.py,
+            # test_ranker_meaning.py).
             *(() if "--recall-embedder" in extra else ("--no-recall-embedder",)),
+            *(() if "--ranker-embedder" in extra else ("--no-ranker-embedder",)),
             *extra, env=env,
         )
 

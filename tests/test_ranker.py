@@ -91,7 +91,7 @@ def test_lines_shown_again_elsewhere_mark_their_units() -> None:
 
 def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
     model = load_weights(SHIPPED_RANKER)
-    assert set(model.sets) == {ANSWERS_CALL, UNASKED} and model.info["splits"] == ["train", "validation"]
+    assert set(model.sets) == set(SET_FEATURES) and model.info["splits"] == ["train", "validation"]
     assert "repeated_lines" not in model.sets[ANSWERS_CALL].features and "repeated_lines" in model.sets[UNASKED].features
     units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
     for scorer in (RankerScorer(), unasked_scorer_of(RankerScorer())):
@@ -144,6 +144,7 @@ def one_set(**change: object) -> dict[str, object]:
 @pytest.mark.parametrize("change", [
     {"schema": "something.else"},
     {"version": 1},
+    {"version": 2},  # a file from before the meaning sets
     {"features": ["bm25_rank"]},
     {"sets": {}},
     {"sets": one_set(features=["no_such_feature"])},
@@ -214,8 +215,10 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     assert model.info["sessions"] == len(picked)  # the test-split sessions in the file were not read
     assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
     assert "validation keeps" in result.stderr and "cross-validation by session" in result.stderr
-    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "bm25", f"ranker_{ANSWERS_CALL}", f"ranker_{UNASKED}"}
-    assert all(model.info["examples_by_set"][kind] > 0 for kind in SET_FEATURES)
+    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "ranker_lexical", "bm25", f"ranker_{ANSWERS_CALL}",
+                                                                f"ranker_{UNASKED}"}
+    assert all(model.info["examples_by_set"][kind] > 0 for kind in (ANSWERS_CALL, UNASKED))
+    assert set(model.sets) == set(SET_FEATURES) and model.info["encoder"] == "all-minilm-l6-v2.f16.gguf"
     scores = RankerScorer(out).score(FILLER, "parse the config file")
     assert int(np.argmax(scores)) == 1
 
