@@ -32,9 +32,10 @@ import json
 import logging
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +287,19 @@ def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1
     return w[:-1], float(w[-1])
 
 
+@dataclass
+class MeaningFailures:
+    """Messages a ranker (and its unasked set) ranked by words alone because the encoder failed on
+    them (/metrics: pflash_ranker_meaning_failures); compression runs in worker threads."""
+
+    count: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self) -> None:
+        with self.lock:
+            self.count += 1
+
+
 class RankerScorer:
     """Relevance = the fitted probability that a unit holds what the agent needs.
 
@@ -302,7 +316,8 @@ class RankerScorer:
     name = "ranker"
 
     def __init__(self, path: Path | None = None, kind: str = ANSWERS_CALL, model: RankerWeights | None = None,
-                 dense: EmbeddingScorer | None = None, *, read_meaning: bool = True, gate_meaning: bool = True) -> None:
+                 dense: EmbeddingScorer | None = None, *, read_meaning: bool = True, gate_meaning: bool = True,
+                 failures: MeaningFailures | None = None) -> None:
         self.path = path or SHIPPED_RANKER
         self.model = model or load_weights(self.path)
         self.weights = self.model.sets[kind]
@@ -310,12 +325,12 @@ class RankerScorer:
         # `dense` is also where a session's unit vectors are exported and restored (FeatureStore).
         self.dense = dense
         self.meaning = dense if read_meaning else None
-        self.meaning_failures = 0
+        self.meaning_failures = failures or MeaningFailures()
         self.gate_scorer: Scorer = EmbeddingGate(dense, Bm25Scorer()) if dense is not None and gate_meaning \
             else Bm25Scorer()
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model, dense, read_meaning=read_meaning,
-                                               gate_meaning=gate_meaning)
+                                               gate_meaning=gate_meaning, failures=self.meaning_failures)
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)
@@ -324,7 +339,7 @@ class RankerScorer:
             try:
                 cosine, word_pieces = self.meaning.relevance([units[i] for i in read], request)
             except EmbedderError as exc:
-                self.meaning_failures += 1
+                self.meaning_failures.add()
                 log.warning("sentence encoder failed (%s): ranking this message by its words alone", exc)
             else:
                 # Meaning ranks even a request sharing no word with the output ("storage limit"

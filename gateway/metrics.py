@@ -321,11 +321,14 @@ def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
     yield _counter("pflash_kept_map_failures", "Kept-line maps that did not re-apply (message served whole).",
                    t.get("kept_map_failures", 0.0))
     yield _counter("pflash_gate_embedder_fallbacks",
-                   "The ranker's recall gate has no sentence encoder (it did not load at start): the gate uses BM25.",
-                   t.get("gate_embedder_fallbacks", 0.0))
+                   "The ranker's sentence encoder did not load at start: the ranker ranks by words alone and its "
+                   "recall gate uses BM25.", t.get("gate_embedder_fallbacks", 0.0))
+    yield _counter("pflash_ranker_meaning_failures",
+                   "Messages the ranker ranked by words alone because the sentence encoder failed on them (see the log).",
+                   t.get("meaning_failures", 0.0))
     gate = _counter("pflash_recall_gate_scoring",
-                    "Recall gate checks by how they were scored: the sentence encoder (units embedded after their "
-                    "turn) or BM25 (the units not embedded yet, or no encoder).", labels=["scorer"])
+                    "Recall gate checks by how they were scored: the sentence encoder (units embedded by compression "
+                    "or after their turn) or BM25 (the units not embedded yet, or no encoder).", labels=["scorer"])
     gate.add_metric(["embed"], t.get("gate_embedded", 0.0))
     gate.add_metric(["bm25"], t.get("gate_lexical", 0.0))
     yield gate

@@ -19,6 +19,7 @@ from typing import Any
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.constraints import ConstraintError, output_constraint
 from engine.embedder import EmbeddingGate
+from engine.ranker import MeaningFailures
 from engine.scorers import Scorer, feature_store_of, gate_scorer_of
 from gateway.background_embedding import BackgroundEmbedder
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
@@ -82,11 +83,14 @@ class TurnService:
         self.counters: dict[str, float] = {}
 
     def stats(self) -> dict[str, float]:
-        """The turn counters with the recall gate's and the background encoder's (/metrics)."""
+        """The turn counters with the recall gate's, the ranker's and the background encoder's (/metrics)."""
         out = dict(self.counters)
         gate = gate_scorer_of(self.compressor.scorer)
         if isinstance(gate, EmbeddingGate):
             out.update(gate.counters)
+        failures = getattr(self.compressor.scorer, "meaning_failures", None)
+        if isinstance(failures, MeaningFailures):
+            out["meaning_failures"] = failures.count
         if self.background is not None:
             out.update(self.background.counters)
             out["background_pending"] = self.background.pending

@@ -155,14 +155,15 @@ def test_gateway_gate_embeds_after_the_turn_and_a_restart_reads_only_the_questio
 
 def test_a_missing_encoder_leaves_the_gate_on_bm25_with_a_warning_and_ametric(
         start_gateway, tmp_path: Path) -> None:
-    server = start_gateway("--recall-embedder", "--embedder", str(tmp_path / "missing.gguf"))
+    server = start_gateway("--recall-embedder", "--ranker-embedder", "--embedder", str(tmp_path / "missing.gguf"))
     body = {"model": "m", "max_tokens": 4, "temperature": 0, "messages": tool_conversation(python_module())}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
-    assert r.headers["X-PFlash-Scorer"] == "ranker"  # compression is unaffected
+    assert r.headers["X-PFlash-Scorer"] == "ranker"  # compression goes on, on the lexical weights
+    assert r.headers["X-PFlash-Compressed"] == "true"
     assert metric(server.url, "pflash_gate_embedder_fallbacks_total") == 1
     assert metric(server.url, "pflash_scorer_fallbacks_total") == 0
-    assert "the recall gate scores with bm25" in server.log()
+    assert "ranks by words alone and the recall gate scores with bm25" in server.log()
 
 
 def test_units_without_vectors_are_named_for_embedding_after_the_turn(sentence_encoder: EmbeddingScorer, model_path: Path) -> None:

@@ -113,7 +113,12 @@ def test_an_encoder_error_falls_back_to_the_lexical_weights_and_is_counted(caplo
     scorer = RankerScorer(dense=BrokenEncoder())  # type: ignore[arg-type]
     with caplog.at_level("WARNING", logger="pflash.ranker"):
         assert scorer.score(units, request) == RankerScorer().score(units, request)
-    assert scorer.meaning_failures == 1 and "by its words alone" in caplog.text
+    assert unasked_scorer_of(scorer).score(units, request) == unasked_scorer_of(RankerScorer()).score(units, request)
+    assert scorer.meaning_failures.count == 2 and "by its words alone" in caplog.text  # one count for both sets
+    from gateway.metrics import _turn_metrics
+
+    family = next(m for m in _turn_metrics({"meaning_failures": 2.0}, "ranker") if m.name == "pflash_ranker_meaning_failures")
+    assert family.samples[0].value == 2.0
 
 
 def test_meaning_and_the_gate_are_switched_apart(sentence_encoder: EmbeddingScorer) -> None:
