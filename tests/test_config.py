@@ -73,6 +73,9 @@ def test_help_documents_every_setting() -> None:
 def test_shipped_config_example_is_valid() -> None:
     settings = load_settings(config_file=ROOT / "systemd" / "config.toml")
     assert settings.port == 8090 and settings.log_format == "json"
+    defaults = Settings()  # the service serves what was tuned, not an older choice pinned in the example
+    for name in ("scorer", "ranker_embedder", "recall_embedder", "recall_theta", "recall_budget", "budget_curve"):
+        assert getattr(settings, name) == getattr(defaults, name), name
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
