@@ -132,11 +132,11 @@ def _fit_sets(examples: Sequence[Example], l2: float = L2) -> dict[str, WeightSe
     return sets
 
 
-def _probabilities(sets: dict[str, WeightSet], meaning: bool = True) -> Callable[[Example], Sequence[float]]:
-    """The ranker as it serves with the encoder (`meaning`) or without it."""
+def _ranker_scores(sets: dict[str, WeightSet], e: Example, meaning: bool = True) -> np.ndarray:
+    """The ranker's scores as it serves with the encoder (`meaning`) or without it."""
     if meaning:
-        return lambda e: sets[e.kind + WITH_MEANING].probabilities(with_meaning(e, sets[e.kind]))
-    return lambda e: sets[e.kind].probabilities(e.features)
+        return sets[e.kind + WITH_MEANING].probabilities(with_meaning(e, sets[e.kind]))
+    return sets[e.kind].probabilities(e.features)
 
 
 def _bm25_of(e: Example) -> Sequence[float]:
@@ -145,9 +145,9 @@ def _bm25_of(e: Example) -> Sequence[float]:
 
 def _check(held: Sequence[Example], sets_of: Callable[[Example], dict[str, WeightSet]]) -> dict[str, float]:
     """Gold kept by the ranker with meaning, without it (`lexical`) and by BM25 on `held`; by kind too."""
-    ranker = lambda e: _probabilities(sets_of(e))(e)  # noqa: E731
+    ranker = lambda e: _ranker_scores(sets_of(e), e)  # noqa: E731
     out = {"ranker": _mean(gold_kept(held, ranker)),
-           "ranker_lexical": _mean(gold_kept(held, lambda e: _probabilities(sets_of(e), meaning=False)(e))),
+           "ranker_lexical": _mean(gold_kept(held, lambda e: _ranker_scores(sets_of(e), e, meaning=False))),
            "bm25": _mean(gold_kept(held, _bm25_of))}
     for kind in (ANSWERS_CALL, UNASKED):
         out[f"ranker_{kind}"] = _mean(gold_kept([e for e in held if e.kind == kind], ranker))
