@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.drafter import FeatureCache, cosines, to_mass
-from engine.scorers import Scorer
+from engine.scorers import GateScores, Scorer
+from policies.recall import rank_fusion
 
 log = logging.getLogger("pflash.embedder")
 
@@ -242,10 +243,11 @@ class EmbeddingScorer:
 
 
 class EmbeddingGate:
-    """The recall gate's scorer beside a model-free compressor (the ranker): the sentence encoder's
-    relevance once every unit of the compressed messages has its vector (embedded after the turn,
-    gateway/background_embedding.py), BM25 until then. A follow-up never waits for units to be
-    embedded: it reads only its question."""
+    """The recall gate's scorer beside a model-free compressor (the ranker). Once every unit of the
+    compressed messages has its vector (embedded after the turn, gateway/background_embedding.py),
+    the gate's evidence is the sentence encoder's and BM25's ranks fused, and the units brought
+    back are chosen by the encoder (policies/recall.py says why); BM25 alone until then. A
+    follow-up never waits for units to be embedded: it reads only its question."""
 
     name = "embed"
 
@@ -255,11 +257,18 @@ class EmbeddingGate:
         self.counters: dict[str, int] = {"gate_embedded": 0, "gate_lexical": 0}
         self._lock = threading.Lock()  # gate calls of several sessions run in worker threads
 
-    def score(self, units: Sequence[str], request: str) -> list[float]:
+    def gate_scores(self, units: Sequence[str], request: str) -> GateScores:
         embedded = bool(request.strip()) and self.dense.has_vectors(units)
         with self._lock:
             self.counters["gate_embedded" if embedded else "gate_lexical"] += 1
-        return self.dense.score(units, request) if embedded else self.lexical.score(units, request)
+        lexical = self.lexical.score(units, request)
+        if not embedded:
+            return GateScores(lexical, lexical)
+        dense = self.dense.score(units, request)
+        return GateScores(rank_fusion([dense, lexical]), dense)
+
+    def score(self, units: Sequence[str], request: str) -> list[float]:
+        return self.gate_scores(units, request).choice
 
 
 def encoder_of(scorer: object) -> LlamaEncoder | None:

@@ -6,7 +6,7 @@ import hashlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from policies.lexical import bm25_of_counts, tokenize_for_search
 
@@ -63,6 +63,21 @@ def gate_scorer_of(scorer: Any) -> Scorer:
     weights were fitted to choose what to keep of a new output, not to ask whether a later question
     needs what was left out), else the scorer itself."""
     return getattr(scorer, "gate_scorer", scorer)  # type: ignore[no-any-return]
+
+
+class GateScores(NamedTuple):
+    evidence: list[float]  # what the recall gate's peak share reads
+    choice: list[float]  # what orders the hidden units it brings back
+
+
+def gate_scores(scorer: Scorer, units: Sequence[str], request: str) -> GateScores:
+    """The recall gate's two readings of the units: a scorer that separates them (`gate_scores`,
+    engine/embedder.py's EmbeddingGate) gives both, any other scorer one score for each."""
+    split = getattr(scorer, "gate_scores", None)
+    if split is not None:
+        return split(units, request)  # type: ignore[no-any-return]
+    scores = scorer.score(units, request)
+    return GateScores(scores, scores)
 
 
 def unasked_scorer_of(scorer: Any) -> Scorer:

@@ -15,6 +15,7 @@ from policies.budget import parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
 from policies.conversation import Message
 from policies.kept_lines import content_hash
+from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.rendering import split_lines
 from policies.request_finding import find_request
 from policies.segmentation import Unit, segment
@@ -33,8 +34,8 @@ class CompressionSettings:
     max_segment: int
     request_tokens: int
     fallback_spread: float
-    recall_theta: float = 0.45
-    recall_budget: int = 2048
+    recall_theta: float = DEFAULT_THETA
+    recall_budget: int = DEFAULT_RECALL_BUDGET
     recall_context: int | None = None  # earlier questions in the gate's query; None: the scorer's default
 
 

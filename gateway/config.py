@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
 from policies.budget import parse_curve
+from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.request_finding import DEFAULT_SCORED_TOKENS
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
@@ -150,10 +151,11 @@ class Settings(BaseSettings):
         "encoder cannot load, the gate uses BM25.",
     )
     recall_theta: float = Field(
-        0.45, ge=0, le=1, description="Recall fires when the best omitted unit's share of the two peaks (best omitted "
-        "vs best visible relevance) reaches this; chosen on the validation split. 1.0 turns recall off.",
+        DEFAULT_THETA, ge=0, le=1, description="Recall fires when the best omitted unit's share of the two peaks "
+        "(best omitted vs best visible relevance; with the sentence encoder, of its and BM25's fused ranks) reaches "
+        "this; chosen on the train and validation splits. 1.0 turns recall off.",
     )
-    recall_budget: int = Field(2048, ge=0, description="Tokens of recalled excerpts per follow-up.")
+    recall_budget: int = Field(DEFAULT_RECALL_BUDGET, ge=0, description="Tokens of recalled excerpts per follow-up.")
     recall_context: int | None = Field(
         None, ge=0, description="Earlier user questions the recall gate's query carries after the new one. "
         "Default: 1 for hybrid, 0 for the other scorers; chosen on the validation split.",

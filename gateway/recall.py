@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.embedder import EmbeddingGate
-from engine.scorers import feature_store_of, gate_scorer_of
+from engine.scorers import feature_store_of, gate_scorer_of, gate_scores
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
 from policies.kept_lines import content_hash
@@ -72,15 +72,15 @@ class RecallGate:
         scorer = gate_scorer_of(self.compressor.scorer)
         query = gate_query(messages, index, context_questions_for(scorer.name, self.context_questions))
         texts = ["".join(c.lines[c.first : c.last + 1]) for c in candidates]
-        scores = scorer.score(texts, query)
+        scores = gate_scores(scorer, texts, query)
         unembedded = tuple(texts) if isinstance(scorer, EmbeddingGate) and not scorer.dense.has_vectors(texts) else ()
         recalled = record.recalled_units()
         already = frozenset(
             i for i, c in enumerate(candidates) if (c.source_hash, c.first, c.last) in recalled
         )
         decision = decide_recall(
-            scores, [c.tokens for c in candidates], [c.omitted for c in candidates], already,
-            self.theta, self.budget_tokens,
+            scores.evidence, [c.tokens for c in candidates], [c.omitted for c in candidates], already,
+            self.theta, self.budget_tokens, scores.choice,
         )
         elapsed = time.perf_counter() - started
         if not decision.recall:

@@ -17,6 +17,7 @@ from engine.embedder import EmbeddingGate, EmbeddingScorer, background_encoder_o
 from engine.ranker import RankerScorer
 from engine.scorers import Bm25Scorer, gate_scorer_of
 from gateway.background_embedding import BackgroundEmbedder
+from policies.recall import rank_fusion
 from sessions.record import SessionRecord
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
@@ -43,6 +44,11 @@ def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: Em
     scores = gate.score(LOG_UNITS, question)
     assert max(range(len(scores)), key=scores.__getitem__) == 2  # the quota line, by meaning
     assert gate.counters["gate_embedded"] == 1 and sentence_encoder.units_embedded == len(LOG_UNITS)  # only the question
+    # The gate's evidence fuses the encoder's ranks with BM25's; what comes back is chosen by the encoder.
+    evidence, choice = gate.gate_scores(LOG_UNITS, question)
+    assert choice == sentence_encoder.score(LOG_UNITS, question) == scores
+    assert evidence == rank_fusion([scores, Bm25Scorer().score(LOG_UNITS, question)])
+    assert max(range(len(evidence)), key=evidence.__getitem__) == 2  # BM25 sees no word: the encoder decides
 
 
 def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:

@@ -13,6 +13,7 @@ from policies.recall import (
     decide_recall,
     gate_query,
     omitted_flags,
+    rank_fusion,
     relevance_mass,
     render_excerpts,
 )
@@ -208,3 +209,63 @@ def test_context_questions_default_by_scorer_and_setting_wins() -> None:
     assert context_questions_for("bm25", None) == 0  # also what a fallback to BM25 gets
     assert context_questions_for("embed", None) == context_questions_for("head", None) == 0
     assert context_questions_for("bm25", 2) == 2 and context_questions_for("hybrid", 0) == 0
+
+
+def test_rank_fusion_sums_reciprocal_ranks_and_ties_share_the_better_rank() -> None:
+    dense = [0.9, 0.1, 0.5, 0.3]
+    lexical = [0.0, 4.0, 0.0, 0.0]  # three units tie at 0: each gets rank 1, whatever its position
+    fused = rank_fusion([dense, lexical], k=10)
+    assert fused == pytest.approx([1 / 10 + 1 / 11, 1 / 13 + 1 / 10, 1 / 11 + 1 / 11, 1 / 12 + 1 / 11])
+    assert rank_fusion([[1.0, math.nan, 2.0]], k=10) == pytest.approx([1 / 11, 1 / 12, 1 / 10])  # non-finite last
+    assert rank_fusion([]) == []
+    with pytest.raises(ValueError):
+        rank_fusion([[1.0, 2.0], [1.0]])
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.floats(-5, 5, allow_nan=False), st.floats(0, 9, allow_nan=False)), min_size=1, max_size=40),
+       st.randoms(use_true_random=False))
+def test_rank_fusion_depends_on_ranks_only_never_on_position(pairs: list[tuple[float, float]], rng: object) -> None:
+    dense, lexical = [p[0] for p in pairs], [p[1] for p in pairs]
+    fused = rank_fusion([dense, lexical])
+    order = list(range(len(pairs)))
+    rng.shuffle(order)  # type: ignore[attr-defined]
+    shuffled = rank_fusion([[dense[i] for i in order], [lexical[i] for i in order]])
+    assert shuffled == pytest.approx([fused[i] for i in order])
+    assert rank_fusion([[4 * d for d in dense], lexical]) == pytest.approx(fused)  # scale-free
+    assert all(0 < f <= 2 / 10 + 1e-12 for f in fused)
+    for i in range(len(pairs)):  # better in both scorers never fuses lower
+        for j in range(len(pairs)):
+            if dense[i] >= dense[j] and lexical[i] >= lexical[j]:
+                assert fused[i] >= fused[j] - 1e-12
+
+
+def test_the_fused_gate_fires_on_what_one_scorer_ranks_first_among_the_hidden() -> None:
+    # The kept unit 0 is the encoder's best match; hidden unit 5 is BM25's best by far and the
+    # encoder's second. The encoder's peak share alone stays under θ; fused ranks reach it.
+    dense = [0.90, 0.20, 0.25, 0.30, 0.10, 0.60, 0.15, 0.05, 0.12]
+    lexical = [0.5, 0.0, 0.0, 0.2, 0.0, 6.0, 0.0, 0.0, 0.0]
+    omitted = [False] + [True] * 8
+    tokens = [40] * 9
+    alone = decide_recall(dense, tokens, omitted, frozenset(), theta=0.43)
+    assert not alone.recall and alone.peak_share < 0.43
+    fused = decide_recall(rank_fusion([dense, lexical]), tokens, omitted, frozenset(), theta=0.43, choice=dense)
+    assert fused.recall and 5 in fused.units
+    # Units come back in the encoder's order of density: the budget for one takes unit 5, not BM25's runner-up.
+    tight = decide_recall(rank_fusion([dense, lexical]), tokens, omitted, frozenset(), theta=0.43, budget_tokens=40,
+                          choice=dense)
+    assert tight.units == (5,)
+
+
+@settings(max_examples=200)
+@given(recall_cases())
+def test_choice_orders_what_comes_back_and_never_whether(case: tuple[list[float], list[int], list[bool], frozenset[int], float, int]) -> None:
+    scores, tokens, omitted, recalled, theta, budget = case
+    d = decide_recall(scores, tokens, omitted, recalled, theta, budget)
+    assert d == decide_recall(scores, tokens, omitted, recalled, theta, budget, choice=scores)
+    reversed_choice = [-s for s in scores]
+    other = decide_recall(scores, tokens, omitted, recalled, theta, budget, choice=reversed_choice)
+    assert other.peak_share == d.peak_share
+    assert other.recall == d.recall or "over_budget" in (other.reason, d.reason)
+    assert decide_recall(scores, tokens, omitted, recalled, theta, budget, choice=scores[:-1]).reason.startswith(
+        "scorer_failed")
