@@ -309,15 +309,16 @@ class RankerScorer:
     meaning; an encoder error falls back to the lexical set for that call (counted). The recall
     gate asks another scorer (`gate_scorer`): the weights were fitted on what a first compression
     must keep of coding outputs, and a follow-up question is a different query. With `dense` and
-    `gate_meaning` the gate is the sentence encoder once the units are embedded (engine/embedder.py,
-    EmbeddingGate; compression with meaning embeds them, else gateway/background_embedding.py
-    does after the turn), else BM25."""
+    `gate_meaning` the gate fuses the sentence encoder's ranks with BM25's once the units are
+    embedded (engine/embedder.py, EmbeddingGate; compression with meaning embeds them, else
+    gateway/background_embedding.py does after the turn), else BM25. The unasked set shares the
+    gate: it is asked of the top-level scorer only."""
 
     name = "ranker"
 
     def __init__(self, path: Path | None = None, kind: str = ANSWERS_CALL, model: RankerWeights | None = None,
                  dense: EmbeddingScorer | None = None, *, read_meaning: bool = True, gate_meaning: bool = True,
-                 failures: MeaningFailures | None = None) -> None:
+                 failures: MeaningFailures | None = None, gate: Scorer | None = None) -> None:
         self.path = path or SHIPPED_RANKER
         self.model = model or load_weights(self.path)
         self.weights = self.model.sets[kind]
@@ -326,11 +327,11 @@ class RankerScorer:
         self.dense = dense
         self.meaning = dense if read_meaning else None
         self.meaning_failures = failures or MeaningFailures()
-        self.gate_scorer: Scorer = EmbeddingGate(dense, Bm25Scorer()) if dense is not None and gate_meaning \
-            else Bm25Scorer()
+        self.gate_scorer: Scorer = gate or (EmbeddingGate(dense, Bm25Scorer()) if dense is not None and gate_meaning
+                                            else Bm25Scorer())
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model, dense, read_meaning=read_meaning,
-                                               gate_meaning=gate_meaning, failures=self.meaning_failures)
+                                               failures=self.meaning_failures, gate=self.gate_scorer)
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)

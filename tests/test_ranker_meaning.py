@@ -127,6 +127,8 @@ def test_meaning_and_the_gate_are_switched_apart(sentence_encoder: EmbeddingScor
     assert words_only.score(quota_log(), QUESTION) == [0.0] * 60
     bm25_gate = RankerScorer(dense=sentence_encoder, gate_meaning=False)
     assert bm25_gate.meaning is sentence_encoder and isinstance(gate_scorer_of(bm25_gate), Bm25Scorer)
+    for ranker in (words_only, bm25_gate):  # one gate, asked of the top-level scorer: the unasked set shares it
+        assert unasked_scorer_of(ranker).gate_scorer is gate_scorer_of(ranker)
 
 
 def test_the_factory_loads_no_encoder_when_both_switches_are_off(tmp_path: Path) -> None:
