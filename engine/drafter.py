@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from policies.lexical import bm25_scores
+from policies.selection import competition_ranks
 
 log = logging.getLogger("pflash.drafter")
 
@@ -270,15 +271,7 @@ def cosines(units: np.ndarray, query: np.ndarray, centre: bool) -> np.ndarray:
 
 def ranks(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """1-based competition ranks, best first; equal values share the better rank."""
-    v = np.asarray(values, dtype=np.float64)
-    order = np.argsort(-v, kind="stable")
-    out = np.empty(len(v), dtype=np.float64)
-    rank = 0
-    for pos, i in enumerate(order):
-        if pos == 0 or v[i] != v[order[pos - 1]]:
-            rank = pos + 1
-        out[i] = rank
-    return out
+    return np.asarray(competition_ranks(np.asarray(values, dtype=np.float64).tolist()), dtype=np.float64)
 
 
 def fuse(lexical: np.ndarray, drafter: np.ndarray, k: int = RRF_K) -> np.ndarray:

@@ -2,15 +2,15 @@
 
 The ranker compresses without a model when it ranks by words alone (`ranker_embedder` off), so that
 turn's time to first token carries no encoder time. The recall gate, though, matches a later
-question better with the sentence encoder's ranks fused with BM25's (policies/recall.py: MTRAG
-train + validation, all gold present at the last turn in 96.6 % of conversations against 94.9 %
-with BM25 alone, each firing on about a third of follow-ups). So once
-the turn that compressed a message is served, its units are embedded here, a few at a time and only
-while no turn is queued or running (an agent's next request waits at most one chunk), and the
-vectors are stored with the session, so a follow-up, even after a restart, embeds only its
-question. Until they are ready the gate scores with BM25 (engine/embedder.py, EmbeddingGate); a job
-still queued at shutdown is dropped, and that message keeps BM25 at the gate. A message the ranker
-compressed with meaning has its vectors already (stored with its kept map): its job ends at once.
+question better with the sentence encoder's ranks fused with BM25's (policies/recall.py: MTRAG train
++ validation, all gold present at the last turn in 96.6 % of conversations against 94.9 % with BM25
+alone, each firing on about a third of follow-ups). So once the turn that compressed a message is
+served, its units are embedded here, a few at a time and only while no turn is queued or running (an
+agent's next request waits at most one chunk), and the vectors are stored with the session, so a
+follow-up, even after a restart, embeds only its question. Until they are ready the gate scores with
+BM25 (engine/embedder.py, EmbeddingGate); a job still queued at shutdown is dropped, and that
+message keeps BM25 at the gate. A message the ranker compressed with meaning has its vectors already
+(stored with its kept map): its job ends at once.
 """
 
 from __future__ import annotations

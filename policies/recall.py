@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from policies.conversation import Message
 from policies.rendering import Range, line_span_label
 from policies.segmentation import Unit
-from policies.selection import relevance_mass
+from policies.selection import competition_ranks, relevance_mass
 
 DEFAULT_THETA = 0.43
 DEFAULT_RECALL_BUDGET = 3072
@@ -100,13 +100,9 @@ def rank_fusion(score_lists: Sequence[Sequence[float]], k: int = RANK_FUSION_K) 
     for scores in score_lists:
         if len(scores) != len(fused):
             raise ValueError(f"rank_fusion: {len(scores)} scores against {len(fused)}")
-        clean = [float(s) if math.isfinite(s) else -math.inf for s in scores]
-        ordered = sorted(clean, reverse=True)
-        first_rank: dict[float, int] = {}
-        for rank, value in enumerate(ordered):
-            first_rank.setdefault(value, rank)
-        for i, value in enumerate(clean):
-            fused[i] += 1.0 / (k + first_rank[value])
+        ranks = competition_ranks([float(s) if math.isfinite(s) else -math.inf for s in scores])
+        for i, rank in enumerate(ranks):
+            fused[i] += 1.0 / (k + rank - 1)
     return fused
 
 

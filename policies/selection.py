@@ -11,6 +11,22 @@ from policies.segmentation import Unit
 DEFAULT_SPREAD_THRESHOLD = 0.11
 
 
+def competition_ranks(values: Sequence[float]) -> list[int]:
+    """1-based competition ranks, best first: equal values share the better rank, so the order of
+    tied units never decides. NaN ranks last, each NaN on its own rank, in order."""
+    def best_first(i: int) -> tuple[bool, float]:
+        return (True, 0.0) if math.isnan(values[i]) else (False, -values[i])
+
+    order = sorted(range(len(values)), key=best_first)
+    out = [0] * len(values)
+    rank = 0
+    for pos, i in enumerate(order):
+        if pos == 0 or values[i] != values[order[pos - 1]]:
+            rank = pos + 1
+        out[i] = rank
+    return out
+
+
 def _density(score: float, tokens: int) -> float:
     # A unit that costs nothing is free to keep: rank it first if it has any relevance.
     if tokens <= 0:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.segmentation import Unit
-from policies.selection import is_too_flat, relevance_spread, select_units, validate_scores
+from policies.selection import competition_ranks, is_too_flat, relevance_spread, select_units, validate_scores
 
 
 def make_units(tokens: list[int]) -> list[Unit]:
@@ -104,3 +104,9 @@ def test_spread_in_unit_interval(scores: list[float], fraction: float) -> None:
     s = relevance_spread(scores, [3] * len(scores), fraction)
     assert 0.0 <= s <= 1.0
     assert s <= 1.0 - fraction + 1e-9
+
+
+def test_competition_ranks_share_the_better_rank_and_put_nan_last() -> None:
+    assert competition_ranks([0.5, 2.0, 0.5, -1.0]) == [2, 1, 2, 4]
+    assert competition_ranks([math.nan, 1.0, math.nan, -math.inf]) == [3, 1, 4, 2]  # each NaN its own rank
+    assert competition_ranks([]) == []
