@@ -117,7 +117,8 @@ class Settings(BaseSettings):
         description="Kept fraction by message tokens, piecewise linear: 'TOKENS:FRACTION ...'.",
     )
     min_segment: int = Field(32, ge=1, description="Units smaller than this (tokens) merge forward.")
-    max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries.")
+    max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries; "
+                             "a remainder up to 1.25× this stays whole.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(

@@ -15,7 +15,8 @@ start:
 
 Line-number prefixes (`     1→`, `  12\\t`, `12:`) are stripped for detection only.
 Then small units merge forward (the last one backward) and big ones split at line boundaries,
-preferring structure starts (raw unit starts, nested definitions), then blank lines, then any line.
+preferring structure starts (raw unit starts, nested definitions), then blank lines, then any line;
+a remainder of at most TAIL_SLACK × max_segment is not split.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ _CODE_START = re.compile(
     r"^(?:import|from|#include|#define|package|using|return|if|for|while|#!|//|/\*|\*/|"
     r"[\w.]+\s*(?:=|\+=|-=|\(.*\)\s*;?$))"
 )
+# A remainder up to this many max_segments stays one unit: cutting a passage a little over the
+# limit leaves a small tail that ranks apart from its head and is dropped alone.
+TAIL_SLACK = 1.25
+
 _HEADING = re.compile(r"^#{1,6}\s")
 _FENCE = re.compile(r"^\s*(?:```|~~~)")
 
@@ -304,7 +309,7 @@ def _split_big(
             pieces.append((s, s))
             s += 1
             continue
-        if e == b:
+        if e == b or tokens(s, b) <= TAIL_SLACK * max_segment:
             pieces.append((s, b))
             break
         # Cut before c: piece s..c-1 fits. Best tier first, then the latest cut (fullest piece);

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.rendering import split_lines
-from policies.segmentation import Unit, check_units, detect_kind, segment
+from policies.segmentation import TAIL_SLACK, Unit, check_units, detect_kind, segment
 
 
 def toks(lines: list[str]) -> list[int]:
@@ -233,10 +233,10 @@ def test_blank_only_text_is_one_blank_unit() -> None:
 
 def test_long_line_is_its_own_unit_and_never_cut() -> None:
     lines = ["a = 1\n", "b = 2\n", "x" * 100 + "\n", "c = 3\n", "d = 4\n"]
-    line_tokens = [5, 5, 600, 5, 5]
+    line_tokens = [5, 5, 700, 5, 5]  # past the tail slack too
     units = segment(lines, line_tokens, min_segment=8, max_segment=512)
     assert_cover(units, line_tokens)
-    assert Unit(2, 2, 600, "code") in units
+    assert Unit(2, 2, 700, "code") in units
 
 
 def test_split_preference_blank_over_any_line() -> None:
@@ -245,6 +245,28 @@ def test_split_preference_blank_over_any_line() -> None:
     line_tokens = [10] * len(body)
     units = segment(body, line_tokens, min_segment=10, max_segment=100)
     assert [(u.first, u.last) for u in units] == [(0, 7), (8, 13)]
+
+
+def test_passage_a_little_over_max_segment_stays_whole() -> None:
+    # One paragraph of 12 lines x 50 tokens = 600 (<= 1.25 x 512): cutting it would leave a
+    # ~90-token tail that ranks apart from its head.
+    para = [f"Sentence {i} of a long retrieved passage about one topic.\n" for i in range(12)]
+    units = segment(para, [50] * 12, min_segment=32, max_segment=512)
+    assert [(u.first, u.last, u.tokens) for u in units] == [(0, 11, 600)]
+    # 14 lines = 700 tokens is past the slack: it is cut, and no piece exceeds the slack.
+    para = para + para[:2]
+    units = segment(para, [50] * 14, min_segment=32, max_segment=512)
+    assert len(units) == 2
+    assert all(u.tokens <= TAIL_SLACK * 512 for u in units)
+
+
+def test_tail_of_a_long_span_joins_the_last_piece() -> None:
+    # 26 lines x 40 tokens = 1040 at max 512: the first piece takes 480; the remaining 560 is
+    # within the slack (640), so it stays whole instead of leaving a 48-token tail.
+    para = [f"Line {i} of one long paragraph without any blank line.\n" for i in range(26)]
+    units = segment(para, [40] * 26, min_segment=32, max_segment=512)
+    assert [(u.first, u.last) for u in units] == [(0, 11), (12, 25)]
+    assert [u.tokens for u in units] == [480, 560]
 
 
 def test_bad_arguments() -> None:
@@ -304,8 +326,8 @@ def test_units_cover_every_line_once_in_order(doc: tuple[list[str], list[int]], 
     units = segment(lines, line_tokens, min_segment, max_segment)
     assert_cover(units, line_tokens)
     for u in units:
-        # Only a single line may exceed max_segment.
-        assert u.tokens <= max_segment or u.first == u.last
+        # Only a single line, or a remainder within the tail slack, may exceed max_segment.
+        assert u.tokens <= TAIL_SLACK * max_segment or u.first == u.last
         assert u.kind in ("code", "grep", "log", "prose", "blank")
     # Deterministic.
     assert segment(lines, line_tokens, min_segment, max_segment) == units
@@ -322,6 +344,6 @@ def test_units_reach_min_segment_when_lines_are_small(
     units = segment(lines, line_tokens, min_segment, max_segment)
     assert_cover(units, line_tokens)
     if sum(line_tokens) >= min_segment:
-        assert all(min_segment <= u.tokens <= max_segment for u in units)
+        assert all(min_segment <= u.tokens <= TAIL_SLACK * max_segment for u in units)
     else:
         assert len(units) <= 1
