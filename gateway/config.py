@@ -25,6 +25,7 @@ from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
 from policies.budget import parse_curve
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.request_finding import DEFAULT_SCORED_TOKENS
+from policies.segmentation import TAIL_SLACK
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
 
@@ -118,7 +119,7 @@ class Settings(BaseSettings):
     )
     min_segment: int = Field(32, ge=1, description="Units smaller than this (tokens) merge forward.")
     max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries; "
-                             "a remainder up to 1.25× this stays whole.")
+                             f"a remainder up to {TAIL_SLACK:g}× this stays whole.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(

@@ -83,10 +83,6 @@ _CODE_START = re.compile(
     r"^(?:import|from|#include|#define|package|using|return|if|for|while|#!|//|/\*|\*/|"
     r"[\w.]+\s*(?:=|\+=|-=|\(.*\)\s*;?$))"
 )
-# A remainder up to this many max_segments stays one unit: cutting a passage a little over the
-# limit leaves a small tail that ranks apart from its head and is dropped alone.
-TAIL_SLACK = 1.25
-
 _HEADING = re.compile(r"^#{1,6}\s")
 _FENCE = re.compile(r"^\s*(?:```|~~~)")
 
@@ -246,6 +242,10 @@ def _split_points(texts: Sequence[str], kind: str, raw_starts: Sequence[int]) ->
 
 
 # --- sizing -------------------------------------------------------------------------------------
+
+# A remainder up to this many max_segments stays one unit: cutting a passage a little over the
+# limit leaves a small tail that ranks apart from its head and is dropped alone.
+TAIL_SLACK = 1.25
 
 
 def _merge_small(
