@@ -138,10 +138,12 @@ def decide_recall(
     hidden = [omitted[i] and i not in already_recalled for i in range(n)]
     if not any(hidden):
         return RecallDecision(False, 0.0, (), "all_recalled")
-    share = peak_share(relevance_mass(scores), hidden)
+    evidence = relevance_mass(scores)
+    share = peak_share(evidence, hidden)
     if share < theta or (theta >= 1.0 and share < 1.0):
         return RecallDecision(False, share, (), "below_theta")
-    mass = relevance_mass(choice)
+    # One scorer's gate (engine.scorers.gate_scores) passes the same list as both.
+    mass = evidence if choice is scores else relevance_mass(choice)
     candidates = [i for i in range(n) if hidden[i]]
     # Units at or under the median are background: they never fill the budget, unless none has
     # any relevance (θ = 0 asks to recall anyway).

@@ -309,7 +309,7 @@ def _split_big(
             pieces.append((s, s))
             s += 1
             continue
-        if e == b or tokens(s, b) <= TAIL_SLACK * max_segment:
+        if tokens(s, b) <= TAIL_SLACK * max_segment:  # includes e == b: the rest fits max_segment
             pieces.append((s, b))
             break
         # Cut before c: piece s..c-1 fits. Best tier first, then the latest cut (fullest piece);
