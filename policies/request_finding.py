@@ -1,7 +1,8 @@
 """What the units of a long message are ranked against: the request that made it matter.
 
 For a tool output that is the call which produced it (name + arguments), the assistant's words
-around that call, the latest user text and, if short (MAX_SYSTEM_TOKENS), the system prompt. For a
+around that call, the latest user text, if short (MAX_SYSTEM_TOKENS) the system prompt, and the user
+text before the latest (a follow-up such as "How can I create one?" names its subject there). For a
 long user paste it is the question the user wrote around the pasted block; those lines are pinned so
 the question is never cut away. The scored text is trimmed to a token budget, most specific parts first.
 """
@@ -156,6 +157,14 @@ def _tool_request(
     system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
     if system is not None and count_tokens(messages[system].content) <= MAX_SYSTEM_TOKENS:
         parts.append((2 * system, messages[system].content, "whole"))
+    # A follow-up question is often elliptical ("When should someone start doing it?"); the one before
+    # it says what "it" is. Last in priority, so it only fills what the rest leaves (tuning splits,
+    # MTRAG gold passages kept at 27 %: 94.8 -> 96.2 % on train, 94.1 -> 96.2 % on validation; one
+    # earlier question beat all of them, 94.7 %, and the assistant's last answer, 91.8 %).
+    # It goes last in the text, as in the recall gate's query: a dense encoder reads only the head.
+    earlier = _latest(messages, user[0], "user") if user is not None else None
+    if earlier is not None:
+        parts.append((2 * target_index, earlier[1], "tail"))
     scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
     return RequestText(scored=scored, pinned_lines=None, answers_call=found is not None)
 

@@ -91,6 +91,36 @@ def test_an_issue_of_a_few_hundred_words_reaches_the_scorer_whole() -> None:
     assert words(find_request(msgs, 4, words).scored) <= DEFAULT_SCORED_TOKENS
 
 
+def follow_up_search(question: str) -> list[Message]:
+    """A RAG agent's second search: the subject is in the question before this one."""
+    return [
+        Message("user", "What is a Roth IRA?"),
+        Message("assistant", "A retirement account funded with taxed income."),
+        Message("user", question),
+        Message("assistant", "", (ToolCall("call_s", "search", f'{{"query": "{question}"}}'),)),
+        Message("tool", "passage\n" * 100, tool_call_id="call_s", name="search"),
+    ]
+
+
+def test_a_follow_up_search_is_ranked_with_the_question_before_it() -> None:
+    r = find_request(follow_up_search("How can I open one?"), 4, words)
+    assert "Roth IRA" in r.scored and "How can I open one?" in r.scored
+    assert "retirement account" not in r.scored  # the assistant's answer is not the subject
+    assert r.scored.index("How can I open one?") < r.scored.index("Roth IRA")  # an encoder reads the head
+    # Only the one question before: a third question leaves the first out.
+    msgs = follow_up_search("How can I open one?")
+    msgs[2:2] = [Message("user", "Who can contribute?"), Message("assistant", "Anyone with earned income.")]
+    scored = find_request(msgs, 6, words).scored
+    assert "Who can contribute?" in scored and "Roth IRA" not in scored
+
+
+def test_the_question_before_only_fills_what_is_left() -> None:
+    msgs = follow_up_search("How can I open one?")
+    r = find_request(msgs, 4, words, max_scored_tokens=10)
+    assert "How can I open one?" in r.scored and "Roth" not in r.scored
+    assert words(r.scored) <= 10
+
+
 def test_tool_without_id_matches_by_name() -> None:
     msgs = conversation()
     msgs[4] = Message("tool", "big", tool_call_id=None, name="read_file")
