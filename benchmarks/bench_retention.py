@@ -356,9 +356,9 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     out.append(f"\nScoring cost on this machine, per 1K tokens of the long output, as this run met the outputs "
                f"(building them took {build_seconds:.1f} s). Unit vectors and drafter features are cached as serving "
                "caches them, so a second request on the same output pays only for the request, and `hybrid`, `fusion` "
-               "and `head` re-use what `embed` and `drafter` read before them: their cost from cold is about "
-               "`embed`'s (or `drafter`'s) plus `bm25`'s. The time-to-first-token section measures the default "
-               "scorer from cold:\n")
+               "and `head` re-use what `embed` and `drafter` read before them: from cold, `hybrid` costs about "
+               "`embed` plus `bm25`, `fusion` `drafter` plus `bm25`, `head` `drafter` plus `embed`. The "
+               "time-to-first-token section measures the default scorer from cold:\n")
     out.append(md_table(["scorer", "time per 1K tokens", "tokens/s", "outputs"], time_rows))
     plot = _plot(ctx, results, [*light, *BASELINES], keys, serving)
     out.append(f"\n![{plot.stem}](benchmarks/plots/{plot.name})\n")

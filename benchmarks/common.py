@@ -143,7 +143,10 @@ class BenchContext:
                 drafter = self.scorer("drafter")
                 if drafter is None or self.model_path is None:
                     raise RuntimeError(self._scorer_notes.get("drafter", "drafter unavailable"))
-                scorer = HeadScorer(load_head(SHIPPED_HEAD, drafter_sha256(self.model_path)), drafter)
+                encoder = self.scorer("embed")  # the shared encoder, as hybrid shares it
+                if encoder is None:
+                    raise RuntimeError(self._scorer_notes.get("embed", "sentence encoder unavailable"))
+                scorer = HeadScorer(load_head(SHIPPED_HEAD, drafter_sha256(self.model_path)), drafter, encoder)
             else:
                 raise ValueError(f"unknown scorer {name!r}")
         except Exception as exc:

@@ -272,9 +272,12 @@ class EmbeddingGate:
 
 
 def encoder_of(scorer: object) -> LlamaEncoder | None:
-    """The sentence encoder behind an `embed` or `hybrid` scorer, if it is one."""
-    dense = getattr(scorer, "dense", scorer)
-    return dense.encoder if isinstance(dense, EmbeddingScorer) else None
+    """The sentence encoder behind a scorer (`embed` itself, `hybrid`'s and the ranker's `dense`, the
+    head's `encoder`), if it has one."""
+    for candidate in (scorer, getattr(scorer, "dense", None), getattr(scorer, "encoder", None)):
+        if isinstance(candidate, EmbeddingScorer):
+            return candidate.encoder
+    return None
 
 
 def background_encoder_of(scorer: object) -> EmbeddingScorer | None:

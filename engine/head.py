@@ -2,19 +2,22 @@
 
 Features per (unit, request) come from the single drafter read the compression path already does
 (DrafterScorer's cached per-unit mean-pooled hidden state at the tap layer, and the request read
-alone), plus cheap text features:
+alone), the sentence encoder's reading of the same units (issue 12: its cosine with the request, as
+the `embed` scorer computes it, cached per unit), plus cheap text features:
 
 - vector part: with û, q̂ the unit and request vectors centred on the message's unit mean and
   scaled to unit length, the elementwise product û⊙q̂ (its sum is the centred cosine) and |û−q̂|;
 - scalar part (SCALARS): raw and centred cosine, BM25 (per token and raw, each over the message's
-  max), BM25 rank, a no-match flag, log tokens, relative position, segmentation kind one-hot.
+  max), BM25 rank, a no-match flag, log tokens, relative position, segmentation kind one-hot, and
+  the encoder's cosine, its share of the message's best and its rank.
 
 The head is standardize → Linear(F→H) → GELU → Linear(H→1): one logit per unit, turned into
 relevance mass with drafter.to_mass (same contract as the other drafter scorers). Numpy only.
 
 File: a GGUF (architecture "pflash-head") with the schema name and version, the feature layout,
 the tap layer, the sha256 of the drafter GGUF the head was trained on (loading against any other
-drafter file is refused), and the normalization stats and weights as f32 tensors.
+drafter file is refused), the encoder's name and width (another width is refused), and the
+normalization stats and weights as f32 tensors.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,15 +38,16 @@ from policies.segmentation import KINDS, detect_kind
 log = logging.getLogger("pflash.head")
 
 SCHEMA = "pflash.relevance-head"
-VERSION = 1
+VERSION = 2  # 2: the sentence encoder's features (issue 12)
 ARCH = "pflash-head"
 SCALARS: tuple[str, ...] = (
     "cos", "cos_centred", "bm25_density", "bm25_raw", "bm25_rank", "bm25_zero", "log_tokens", "position",
-    *(f"kind_{k}" for k in KINDS),
+    *(f"kind_{k}" for k in KINDS), "embed_cos", "embed_share", "embed_rank",
 )
 VECTOR_PARTS: tuple[str, ...] = ("prod", "absdiff")
 SHIPPED_DIR = Path(__file__).resolve().parent / "heads"
 SHIPPED_HEAD = SHIPPED_DIR / "gemma3-270m.head.gguf"
+ENCODER_KEY = "embed:"  # prefix of the encoder's unit features in a session's saved features
 
 
 class HeadError(RuntimeError):
@@ -84,8 +88,9 @@ def _ranks01(values: np.ndarray) -> np.ndarray:
 
 
 def head_features(units: np.ndarray, query: np.ndarray, bm25: Sequence[float], n_tokens: Sequence[int],
-                  kinds: Sequence[str]) -> np.ndarray:
-    """(n_units, 2·d + len(SCALARS)) float64 features for one message."""
+                  kinds: Sequence[str], embed_cos: Sequence[float]) -> np.ndarray:
+    """(n_units, 2·d + len(SCALARS)) float64 features for one message; `embed_cos` is the sentence
+    encoder's cosine of each unit with the request (EmbeddingScorer.relevance: -1 for a blank unit)."""
     u = np.asarray(units, dtype=np.float64)
     q = np.asarray(query, dtype=np.float64)
     n, _ = u.shape
@@ -114,6 +119,11 @@ def head_features(units: np.ndarray, query: np.ndarray, bm25: Sequence[float], n
     for k, kind in enumerate(kinds):
         if kind in KINDS:
             sc[k, 8 + KINDS.index(kind)] = 1.0
+    ec = np.clip(np.asarray(embed_cos, dtype=np.float64), -1.0, 1.0)
+    best = float(ec.max()) if n else 0.0
+    sc[:, -3] = ec
+    sc[:, -2] = np.clip(ec, 0.0, None) / best if best > 0 else 0.0
+    sc[:, -1] = _ranks01(ec)
     x = np.concatenate([prod, absdiff, sc], axis=1)
     x[~has, : 2 * u.shape[1]] = 0.0  # a unit with no tokens has no vector
     return x
@@ -146,6 +156,8 @@ class RelevanceHead:
     n_embd: int
     drafter_sha256: str
     drafter_name: str = ""
+    encoder_name: str = ""  # the sentence encoder GGUF it was trained with
+    encoder_n_embd: int = 0
     info: dict[str, Any] = field(default_factory=dict)  # training summary (deterministic values only)
 
     @property
@@ -161,7 +173,7 @@ class RelevanceHead:
         f = lambda a: np.asarray(a, dtype=np.float32).astype(np.float64)
         return RelevanceHead(f(self.mean), f(self.std), f(self.w1), f(self.b1), f(self.w2),
                              float(np.float32(self.b2)), self.tap_layer, self.n_embd, self.drafter_sha256,
-                             self.drafter_name, dict(self.info))
+                             self.drafter_name, self.encoder_name, self.encoder_n_embd, dict(self.info))
 
 
 # --- the file -------------------------------------------------------------------------------------
@@ -183,6 +195,8 @@ def save_head(head: RelevanceHead, path: Path | str) -> None:
     w.add_string("pflash.head.model", "standardize > linear > gelu > linear")
     w.add_string("pflash.head.drafter_sha256", head.drafter_sha256)
     w.add_string("pflash.head.drafter_name", head.drafter_name)
+    w.add_string("pflash.head.encoder_name", head.encoder_name)
+    w.add_uint32("pflash.head.encoder_n_embd", head.encoder_n_embd)
     w.add_string("pflash.head.info", json.dumps(head.info, sort_keys=True))
     for name, arr in (("norm.mean", head.mean), ("norm.std", head.std), ("fc1.weight", head.w1),
                       ("fc1.bias", head.b1), ("fc2.weight", head.w2), ("fc2.bias", np.array([head.b2]))):
@@ -239,7 +253,9 @@ def load_head(path: Path | str, drafter_sha256: str | None = None) -> RelevanceH
     if not (len(b1) == len(w2) == w1.shape[1]):
         raise HeadError(f"{path}: inconsistent hidden size")
     return RelevanceHead(mean, std, w1, b1, w2, b2, int(_field(reader, "pflash.head.tap_layer")), n_embd,
-                         trained_on, drafter_name, json.loads(str(_field(reader, "pflash.head.info")) or "{}"))
+                         trained_on, drafter_name, str(_field(reader, "pflash.head.encoder_name")),
+                         int(_field(reader, "pflash.head.encoder_n_embd")),
+                         json.loads(str(_field(reader, "pflash.head.info")) or "{}"))
 
 
 _sha_cache: dict[tuple[str, int, int], str] = {}
@@ -271,42 +287,68 @@ def drafter_features(drafter: Any, units: Sequence[str], request: str) -> tuple[
 
 
 class HeadScorer:
-    """The learned head over the drafter's cached features; `score` returns relevance mass."""
+    """The learned head over the drafter's and the sentence encoder's cached unit features; `score`
+    returns relevance mass. Both models' unit features travel with a session (FeatureStore), so a
+    follow-up after a restart reads only its question."""
 
     name = "head"
 
-    def __init__(self, head: RelevanceHead, drafter: Any) -> None:
+    def __init__(self, head: RelevanceHead, drafter: Any, encoder: Any) -> None:
         if drafter.layer != head.tap_layer:
             raise HeadError(f"the head taps layer {head.tap_layer}, the drafter reads layer {drafter.layer}")
         if drafter._reader.n_embd != head.n_embd:
             raise HeadError(f"the head expects width {head.n_embd}, the drafter has {drafter._reader.n_embd}")
+        if encoder.encoder.n_embd != head.encoder_n_embd:
+            raise HeadError(f"the head was trained with a {head.encoder_n_embd}-wide sentence encoder "
+                            f"({head.encoder_name or '?'}), this one is {encoder.encoder.n_embd} wide")
         self.head = head
         self.drafter = drafter
+        self.encoder = encoder
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         from engine.drafter import to_mass
 
         feats, query, n_tokens = drafter_features(self.drafter, units, request)
-        x = head_features(feats, query, bm25_scores(units, request), n_tokens, unit_kinds(units))
+        embed_cos, _ = self.encoder.relevance(units, request)
+        x = head_features(feats, query, bm25_scores(units, request), n_tokens, unit_kinds(units), embed_cos)
         return to_mass(self.head.logits(x), n_tokens)
+
+    # FeatureStore over both models; the encoder's keys carry a prefix (the same unit has both).
+    def export_features(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+        out = self.drafter.export_features(units)
+        out.update({ENCODER_KEY + k: v for k, v in self.encoder.export_features(units).items()})
+        return out  # type: ignore[no-any-return]
+
+    def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int:
+        encoder = {k[len(ENCODER_KEY):]: v for k, v in features.items() if k.startswith(ENCODER_KEY)}
+        drafter = {k: v for k, v in features.items() if not k.startswith(ENCODER_KEY)}
+        return int(self.drafter.import_features(drafter)) + int(self.encoder.import_features(encoder))
 
     def close(self) -> None:
         self.drafter.close()
+        self.encoder.close()
 
 
-def open_head_scorer(head_path: Path | str | None, drafter_path: Path | str, *, n_threads: int | None = None,
-                     n_gpu_layers: int = 0) -> HeadScorer:
+def open_head_scorer(head_path: Path | str | None, drafter_path: Path | str, encoder_path: Path | str, *,
+                     n_threads: int | None = None, n_gpu_layers: int = 0) -> HeadScorer:
     """Load and verify a head against the drafter file (sha256), then load the drafter at the
-    head's tap layer. Raises HeadError (or the drafter's error) on any mismatch."""
+    head's tap layer and the sentence encoder. Raises HeadError (or a model's error) on any mismatch."""
     from engine.drafter import DrafterScorer
+    from engine.embedder import EmbeddingScorer
 
     path = Path(head_path) if head_path else SHIPPED_HEAD
     head = load_head(path, drafter_sha256(drafter_path))
     drafter = DrafterScorer(drafter_path, layer=head.tap_layer, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     try:
-        return HeadScorer(head, drafter)
+        encoder = EmbeddingScorer(encoder_path, n_gpu_layers=n_gpu_layers)
     except Exception:
         drafter.close()
+        raise
+    try:
+        return HeadScorer(head, drafter, encoder)
+    except Exception:
+        drafter.close()
+        encoder.close()
         raise
 
 

@@ -16,7 +16,9 @@ the units of one message, target uniform over its positives. Deterministic: fixe
 fixed order; the same inputs give a byte-identical head file.
 
 Drafter reads are the costly part: the per-unit vectors and request vectors are cached under the
-cache directory, keyed by a hash of the data files, the drafter file and the build parameters.
+cache directory, keyed by a hash of the data files, the drafter file and the build parameters. The
+sentence encoder's cosines (a head feature since issue 12) are read again on every build: its units
+are clipped to 128 word pieces, so a build costs it well under a minute.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Example:
     bm25: np.ndarray  # (n,)
     labels: np.ndarray  # (n,) bool: units holding evidence
     items: list[list[int]]  # per gold item (line, passage): the units that show it
+    embed_cos: np.ndarray | None = None  # (n,) the sentence encoder's cosine with the request (not cached)
 
 
 @dataclass
@@ -75,7 +78,8 @@ class Dataset:
 
     def features(self, ex: Example) -> np.ndarray:
         m = self.messages[ex.message]
-        return head_features(m.units, ex.query, ex.bm25, m.tokens, m.kinds)
+        assert ex.embed_cos is not None, "built without the sentence encoder"
+        return head_features(m.units, ex.query, ex.bm25, m.tokens, m.kinds, ex.embed_cos)
 
 
 def split(examples: Sequence[Example]) -> tuple[list[int], list[int]]:
@@ -114,6 +118,9 @@ def baseline_scores(ds: Dataset, ex: Example, name: str) -> list[float]:
     toks = [int(t) for t in m.tokens]
     if name == "bm25":
         return [float(s) for s in ex.bm25]
+    if name == "embed":
+        assert ex.embed_cos is not None, "built without the sentence encoder"
+        return to_mass(ex.embed_cos, toks)
     cos = cosines(m.units, ex.query, False)
     if name == "drafter":
         return to_mass(cos, toks)
@@ -162,7 +169,8 @@ def train(xs: Sequence[np.ndarray], labels: Sequence[np.ndarray], tokens: Sequen
           cfg: TrainConfig, meta: dict[str, Any], progress: bool = True) -> TrainResult:
     """Fit standardize → Linear → GELU → Linear on per-message feature matrices `xs`.
 
-    `meta`: tap_layer, n_embd, drafter_sha256, drafter_name (copied into the head).
+    `meta`: tap_layer, n_embd, drafter_sha256, drafter_name, encoder_name, encoder_n_embd (copied into
+    the head).
     """
     from engine.drafter import to_mass
 
@@ -189,7 +197,8 @@ def train(xs: Sequence[np.ndarray], labels: Sequence[np.ndarray], tokens: Sequen
     def head_of(p: dict[str, np.ndarray]) -> RelevanceHead:
         return RelevanceHead(mean.copy(), std.copy(), p["w1"].copy(), p["b1"].copy(), p["w2"].copy(), 0.0,
                              int(meta["tap_layer"]), int(meta["n_embd"]), str(meta["drafter_sha256"]),
-                             str(meta.get("drafter_name", "")))
+                             str(meta.get("drafter_name", "")), str(meta.get("encoder_name", "")),
+                             int(meta.get("encoder_n_embd", 0)))
 
     def val_retention(p: dict[str, np.ndarray]) -> float:
         h = head_of(p).as_float32()  # judge the weights as they will be stored
@@ -387,9 +396,9 @@ def _mtrag_messages(records: list[dict[str, Any]], cfg: BuildConfig, count: Call
     return out
 
 
-def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callable[[str], int], cfg: BuildConfig,
-                  cache_dir: Path | None, progress: bool = True) -> Dataset:
-    """Read every message's units and requests through the drafter.
+def build_dataset(data_dir: Path, drafter: Any, encoder: Any, drafter_sha: str, count: Callable[[str], int],
+                  cfg: BuildConfig, cache_dir: Path | None, progress: bool = True) -> Dataset:
+    """Read every message's units and requests through the drafter and the sentence encoder.
 
     Each message is read with an empty feature cache, so its vectors depend on it alone (not on
     which messages came before), and its reads are cached on disk one file per message under
@@ -457,8 +466,9 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
                     pickle.dump((msg, exs), fh, protocol=4)
                 tmp.replace(file)
         messages.append(msg)
-        for ex in exs:
+        for ex, (request, _) in zip(exs, spec["turns"]):
             ex.message = len(messages) - 1
+            ex.embed_cos = encoder.relevance(spec["units"], request)[0]
             examples.append(ex)
     notes = [(f"{len(messages)} messages, {len(examples)} requests: {cached} from the feature cache, {n_read} read "
               f"through the drafter ({n_tok:,} tokens) in {time.perf_counter() - started:.0f} s")]
@@ -469,7 +479,7 @@ def build_dataset(data_dir: Path, drafter: Any, drafter_sha: str, count: Callabl
 
 
 def evaluate(ds: Dataset, idx: Sequence[int], head: RelevanceHead, ratios: Sequence[float] = (0.15, 0.27, 0.40)) -> dict[str, dict[str, dict[float, float]]]:
-    """Mean retention per source and scorer (head, bm25, drafter, fusion) at each ratio."""
+    """Mean retention per source and scorer (head, bm25, embed, drafter, fusion) at each ratio."""
     from engine.drafter import to_mass
 
     out: dict[str, dict[str, dict[float, list[float]]]] = {}
@@ -478,7 +488,7 @@ def evaluate(ds: Dataset, idx: Sequence[int], head: RelevanceHead, ratios: Seque
         m = ds.messages[ex.message]
         toks = [int(t) for t in m.tokens]
         scored = {"head": to_mass(head.logits(ds.features(ex)), toks)}
-        for name in ("bm25", "drafter", "fusion"):
+        for name in ("bm25", "embed", "drafter", "fusion"):
             scored[name] = baseline_scores(ds, ex, name)
         for src in (ex.source, "all"):
             for name, s in scored.items():
@@ -507,27 +517,31 @@ class HeadRun:
     units_per_second: float  # head inference over the reported units, features included
 
 
-def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60, epochs: int = 40,
-             seed: int = 0, layer: int = 8, n_threads: int | None = None, cache_dir: Path | None = None,
-             report_split: Literal["validation", "test"] = "validation") -> HeadRun:
+def fit_head(data_dir: Path, model_path: Path, encoder_path: Path, *, sessions: int = 40, conversations: int = 60,
+             epochs: int = 40, seed: int = 0, layer: int = 8, n_threads: int | None = None,
+             cache_dir: Path | None = None, report_split: Literal["validation", "test"] = "validation") -> HeadRun:
     """Build (or load) the features, train with early stopping on validation, and evaluate on
     `report_split`: validation by default; "test" builds the test split's messages apart (the
     benchmark's report), which neither training nor early stopping ever reads."""
     from engine.drafter import DrafterScorer
+    from engine.embedder import EmbeddingScorer
     from engine.head import drafter_sha256
     from engine.tokenizer import GgufTokenizer
 
     started = time.perf_counter()
     sha = drafter_sha256(model_path)
     drafter = DrafterScorer(model_path, layer=layer, n_threads=n_threads)
+    encoder = EmbeddingScorer(encoder_path, n_threads=n_threads)
     tok = GgufTokenizer(model_path)
     bcfg = BuildConfig(sessions=sessions, conversations=conversations, seed=seed)
     try:
-        ds = build_dataset(data_dir, drafter, sha, tok.count_tokens, bcfg, cache_dir)
-        held_out = (build_dataset(data_dir, drafter, sha, tok.count_tokens, replace(bcfg, sides=("test",)), cache_dir)
+        ds = build_dataset(data_dir, drafter, encoder, sha, tok.count_tokens, bcfg, cache_dir)
+        held_out = (build_dataset(data_dir, drafter, encoder, sha, tok.count_tokens, replace(bcfg, sides=("test",)),
+                                  cache_dir)
                     if report_split == "test" else None)
     finally:
         drafter.close()
+        encoder.close()
     extract_s = time.perf_counter() - started
     tr, va = split(ds.examples)
     xs = [ds.features(e) for e in ds.examples]
@@ -535,7 +549,8 @@ def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversati
     tokens = [ds.messages[e.message].tokens for e in ds.examples]
     items = [e.items for e in ds.examples]
     meta = {"tap_layer": drafter.layer, "n_embd": ds.messages[0].units.shape[1], "drafter_sha256": sha,
-            "drafter_name": model_path.name}
+            "drafter_name": model_path.name, "encoder_name": Path(encoder_path).name,
+            "encoder_n_embd": encoder.encoder.n_embd}
     cfg = TrainConfig(epochs=epochs, seed=seed)
     result = train(xs, labels, tokens, items, tr, va, cfg, meta)
     head = result.head
@@ -560,17 +575,17 @@ def fit_head(data_dir: Path, model_path: Path, *, sessions: int = 40, conversati
                    result.seconds, result.best_epoch, groups(ds, tr), groups(ds, va), len(tr), len(va), rate)
 
 
-def run_train_head(out: Path, data_dir: Path, model_path: Path, *, sessions: int = 40, conversations: int = 60,
-                   epochs: int = 40, seed: int = 0, layer: int = 8, n_threads: int | None = None,
-                   cache_dir: Path | None = None) -> int:
+def run_train_head(out: Path, data_dir: Path, model_path: Path, encoder_path: Path, *, sessions: int = 40,
+                   conversations: int = 60, epochs: int = 40, seed: int = 0, layer: int = 8,
+                   n_threads: int | None = None, cache_dir: Path | None = None) -> int:
     """`pflash-gateway train-head`: fit, write the head GGUF, read it back, print the evaluation."""
     from engine.head import drafter_sha256, load_head
 
     print(f"train-head: {sessions} swe-dev sessions + {conversations} MTRAG conversations through drafter "
-          f"{model_path.name} layer {layer}. The first run reads them all through the drafter (minutes); later "
+          f"{model_path.name} layer {layer} and encoder {encoder_path.name}. The first run reads them all through the drafter (minutes); later "
           "runs use the feature cache.", file=sys.stderr)
     try:
-        run = fit_head(data_dir, model_path, sessions=sessions, conversations=conversations, epochs=epochs,
+        run = fit_head(data_dir, model_path, encoder_path, sessions=sessions, conversations=conversations, epochs=epochs,
                        seed=seed, layer=layer, n_threads=n_threads, cache_dir=cache_dir)
     except FileNotFoundError as exc:
         print(f"pflash-gateway train-head: {exc}", file=sys.stderr)

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--seed", type=int, default=0, help="seed for the split, the initialization and the order")
     head.add_argument("--layer", type=int, default=8, help="drafter tap layer")
     head.add_argument("--config", type=Path, default=None)
-    add_settings_flags(head, ["store_dir", "model", "drafter", "n_threads"])
+    add_settings_flags(head, ["store_dir", "model", "drafter", "embedder", "n_threads"])
     return parser
 
 
@@ -198,16 +198,18 @@ def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _train_head(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.embedder_convert import EmbedderConversionError, embedder_path
     from engine.head_train import run_train_head
     from engine.model_files import ModelFileError, resolve_model
 
     try:
         model = resolve_model(settings.drafter, settings.store_dir / "models")
-    except ModelFileError as exc:
+        encoder = embedder_path(settings.embedder, settings.store_dir / "models")
+    except (ModelFileError, EmbedderConversionError) as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
         return 2
     data = args.data or _default_data_dir()
-    return run_train_head(args.out, data, model, sessions=args.sessions, conversations=args.conversations,
+    return run_train_head(args.out, data, model, encoder, sessions=args.sessions, conversations=args.conversations,
                           epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
                           cache_dir=settings.store_dir / "cache")
 

@@ -29,12 +29,16 @@ class ScorerChoice:
 
 def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads: int | None = None,
                             n_gpu_layers: int = 0) -> ScorerChoice:
-    """The learned head on `drafter_path`; a head that is missing, malformed or trained on another
-    drafter is reported once and replaced by the next best scorer: fusion, then bm25."""
+    """The learned head on `drafter_path` and the sentence encoder; a head that is missing, malformed
+    or trained on another drafter, or an encoder that does not load, is reported once and replaced by
+    the next best scorer: fusion, then bm25."""
     try:
+        from engine.embedder_convert import embedder_path
         from engine.head import open_head_scorer
 
-        scorer = open_head_scorer(settings.head, drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        encoder = embedder_path(settings.embedder, settings.store_dir / "models")
+        scorer = open_head_scorer(settings.head, drafter_path, encoder, n_threads=n_threads,
+                                  n_gpu_layers=n_gpu_layers)
         log.info("scorer head: %s on drafter %s, layer %d", settings.head or "shipped head", drafter_path.name,
                  scorer.drafter.layer)
         return ScorerChoice(scorer)
