@@ -133,12 +133,13 @@ class Settings(BaseSettings):
         "see `pflash-gateway train-ranker`).",
     )
     embedder: str | None = Field(
-        None, description="Sentence-encoder GGUF for --scorer embed/hybrid and the ranker's recall gate (default: the "
-        "packaged all-MiniLM-L6-v2, "
-        "converted once into the model cache; see `pflash-gateway make-embedder`).",
+        None, description="Sentence-encoder GGUF for --scorer embed/hybrid/head and the ranker's meaning features and "
+        "recall gate (default: the packaged all-MiniLM-L6-v2, converted once into the model cache; see "
+        "`pflash-gateway make-embedder`).",
     )
     head: str | None = Field(
-        None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter).",
+        None, description="Relevance head GGUF for --scorer head (default: the head shipped for the embedded drafter "
+        "and the packaged sentence encoder).",
     )
     ranker_embedder: bool = Field(
         True, description="With --scorer ranker, compression also ranks by meaning: the sentence encoder (--embedder) "
