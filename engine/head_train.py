@@ -582,11 +582,11 @@ def run_train_head(out: Path, data_dir: Path, model_path: Path, encoder_path: Pa
     from engine.head import drafter_sha256, load_head
 
     print(f"train-head: {sessions} swe-dev sessions + {conversations} MTRAG conversations through drafter "
-          f"{model_path.name} layer {layer} and encoder {encoder_path.name}. The first run reads them all through the drafter (minutes); later "
-          "runs use the feature cache.", file=sys.stderr)
+          f"{model_path.name} layer {layer} and encoder {encoder_path.name}. The first run reads them all through "
+          "the drafter (minutes); later runs use the feature cache.", file=sys.stderr)
     try:
-        run = fit_head(data_dir, model_path, encoder_path, sessions=sessions, conversations=conversations, epochs=epochs,
-                       seed=seed, layer=layer, n_threads=n_threads, cache_dir=cache_dir)
+        run = fit_head(data_dir, model_path, encoder_path, sessions=sessions, conversations=conversations,
+                       epochs=epochs, seed=seed, layer=layer, n_threads=n_threads, cache_dir=cache_dir)
     except FileNotFoundError as exc:
         print(f"pflash-gateway train-head: {exc}", file=sys.stderr)
         return 2

@@ -188,3 +188,32 @@ def test_compress_cli_json(tmp_path: Path, model_path: Path) -> None:
     invoice_line = lines.index("def compute_invoice_total(items, tax_rate):") + 1
     assert any(a <= invoice_line <= b for a, b in report["kept_ranges"])
     assert report["text"].startswith("[pflash: showing ")
+
+
+def test_a_follow_up_search_is_ranked_with_the_question_before_it(gateway: Gateway) -> None:
+    """"How can I open one?" names nothing; the question before it does (policies/request_finding.py).
+    Many passages say "open"; the one about what the earlier question named must be kept."""
+    offers = ["a brokerage account", "a checking account", "a savings account", "a credit union membership",
+              "a business account", "a joint account", "a student account", "a travel card",
+              "a money market account", "a certificate of deposit", "a custodial account", "a trading account"]
+    passages = [f"How to open {what}: visit a branch or open it online with an ID and a first deposit.\n"
+                f"Most banks let you open {what} in minutes; fees and minimums vary.\n" for what in offers]
+    passages.insert(7, "A Roth IRA holds retirement savings paid in after tax; withdrawals in retirement are "
+                       "tax free.\nEligibility for a Roth IRA depends on earned income below the yearly limit.\n")
+    passages += [f"Branch hours for region {k}: weekdays nine to five, Saturdays until noon.\n" for k in range(8)]
+    output = "\n".join(passages)
+    messages = [
+        {"role": "user", "content": "What is a Roth IRA and who is eligible for it?"},
+        {"role": "assistant", "content": "It is a retirement account; let me know what else you need."},
+        {"role": "user", "content": "How can I open one?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_s1", "type": "function", "function": {"name": "search", "arguments": '{"query": "open one"}'}}]},
+        {"role": "tool", "tool_call_id": "call_s1", "content": output},
+    ]
+    session = "follow-up-" + uuid.uuid4().hex
+    response = post(gateway, session, messages)
+    assert response.headers["X-PFlash-Compressed"] == "true"
+    served = transcript(gateway, session)[4]["content"]
+    assert "Eligibility for a Roth IRA depends on earned income" in served
+    kept_offers = [what for what in offers if f"How to open {what}:" in served]
+    assert len(kept_offers) < len(offers)  # compressed among passages that all say "open"
