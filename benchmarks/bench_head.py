@@ -52,8 +52,8 @@ def run(ctx: BenchContext) -> Section:
         "directions, not measurements. The served default is the ranker (retention section), not the head.\n\n"
         f"Costs: drafter and encoder reads for the training set {run_.extract_seconds:.0f} s in this run (the "
         "drafter's from the feature cache in `benchmarks/.cache/` after the first run, which reads every message "
-        f"through the drafter: minutes; the encoder's each run), training {run_.train_seconds:.1f} s (best epoch {run_.best_epoch}), head inference "
-        f"{1000 / run_.units_per_second * 1000:.2f} ms per 1K units (features included; the drafter's and the "
+        f"through the drafter: minutes; the encoder's each run), training {run_.train_seconds:.1f} s (best epoch "
+        f"{run_.best_epoch}), head inference {1000 / run_.units_per_second * 1000:.2f} ms per 1K units (features included; the drafter's and the "
         "encoder's reads are their own costs, shown in the retention section).\n"
     )
     return Section(title, text)

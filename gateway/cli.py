@@ -183,33 +183,36 @@ def _default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
 
 
-def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
+def _drafter_and_encoder(settings: Settings) -> tuple[Path, Path] | None:
+    """The drafter and sentence-encoder files the training commands read, or None (error printed)."""
     from engine.embedder_convert import EmbedderConversionError, embedder_path
     from engine.model_files import ModelFileError, resolve_model
-    from engine.ranker_train import run_train_ranker
 
     try:  # token counts (segmentation, budgets) by the drafter's vocabulary, as the benchmarks count
-        model = resolve_model(settings.drafter, settings.store_dir / "models")
-        encoder = embedder_path(settings.embedder, settings.store_dir / "models")
+        return (resolve_model(settings.drafter, settings.store_dir / "models"),
+                embedder_path(settings.embedder, settings.store_dir / "models"))
     except (ModelFileError, EmbedderConversionError) as exc:
         print(f"pflash-gateway: {exc}", file=sys.stderr)
+        return None
+
+
+def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.ranker_train import run_train_ranker
+
+    files = _drafter_and_encoder(settings)
+    if files is None:
         return 2
-    return run_train_ranker(args.out, args.data or _default_data_dir(), model, encoder)
+    return run_train_ranker(args.out, args.data or _default_data_dir(), *files)
 
 
 def _train_head(settings: Settings, args: argparse.Namespace) -> int:
-    from engine.embedder_convert import EmbedderConversionError, embedder_path
     from engine.head_train import run_train_head
-    from engine.model_files import ModelFileError, resolve_model
 
-    try:
-        model = resolve_model(settings.drafter, settings.store_dir / "models")
-        encoder = embedder_path(settings.embedder, settings.store_dir / "models")
-    except (ModelFileError, EmbedderConversionError) as exc:
-        print(f"pflash-gateway: {exc}", file=sys.stderr)
+    files = _drafter_and_encoder(settings)
+    if files is None:
         return 2
     data = args.data or _default_data_dir()
-    return run_train_head(args.out, data, model, encoder, sessions=args.sessions, conversations=args.conversations,
+    return run_train_head(args.out, data, *files, sessions=args.sessions, conversations=args.conversations,
                           epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
                           cache_dir=settings.store_dir / "cache")
 
