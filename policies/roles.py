@@ -3,9 +3,11 @@
 Real agents send shapes such templates refuse: Codex puts `developer` messages mid-history,
 an Anthropic assistant turn made only of thinking leaves two user turns side by side, and a
 client may split one turn into several messages. `alternate_roles` rewrites such a conversation
-into the shape those templates accept without losing any text: system text after the start
-joins the next user turn, and consecutive user (or assistant) messages merge into one. It is a
-pure function of the messages, so the same history always renders the same prompt.
+into the shape those templates accept without losing any text: system text after the start is
+read as user text where it stands (Claude Code sends system reminders as role "system" turns,
+sometimes last), and consecutive user (or assistant) messages merge into one. It is a pure
+function of the messages, and appending messages never changes what came before but the last
+merged turn, so the same history always renders the same prompt.
 """
 
 from __future__ import annotations
@@ -25,17 +27,16 @@ def _join(first: str, second: str) -> str:
 
 def alternate_roles(messages: Sequence[Message]) -> tuple[Message, ...]:
     out: list[Message] = []
-    held_system: list[str] = []  # mid-history system text waiting for the next user turn
     for message in messages:
         if message.role == "system":
             if all(m.role == "system" for m in out):  # still the leading system prompt
                 out[:] = [Message("system", _join(out[0].content, message.content))] if out else [message]
-            elif message.content:
-                held_system.append(message.content)
-            continue
-        if message.role == "user" and held_system:
-            message = replace(message, content=_join(SEPARATOR.join(held_system), message.content))
-            held_system.clear()
+                continue
+            if not message.content:
+                continue
+            # Later system text is read as user text where it stands: a turn that comes later
+            # never moves it, so the history renders the same bytes on every turn.
+            message = Message("user", message.content)
         last = out[-1] if out else None
         if last is not None and message.role == last.role and message.role in ("user", "assistant"):
             out[-1] = replace(
@@ -45,10 +46,4 @@ def alternate_roles(messages: Sequence[Message]) -> tuple[Message, ...]:
             )
         else:
             out.append(message)
-    if held_system:  # system text after the last user turn: a user turn of its own
-        last = out[-1] if out else None
-        if last is not None and last.role == "user":
-            out[-1] = replace(last, content=_join(last.content, SEPARATOR.join(held_system)))
-        else:
-            out.append(Message("user", SEPARATOR.join(held_system)))
     return tuple(out)

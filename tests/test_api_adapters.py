@@ -399,6 +399,26 @@ def test_anthropic_parses_claude_code_request() -> None:
     assert conv.hints.claude_code_session_id == "cc-1" and conv.hints.metadata_user_id == "user_abc_account__session_123"
 
 
+def test_anthropic_system_turns_inside_messages_as_claude_code_2_1_328_sends_them() -> None:
+    """captures/claude/001 → 002: a role "system" reminder at messages[1], first as one text block
+    with a cache marker, then as a plain string. Both parse to the same message, in place."""
+    reminder = "<system-reminder>\nToday's date is 2026-12-05.\n</system-reminder>"
+    first = _cc_messages({"role": "user", "content": "Use a sub-agent."},
+                         {"role": "system", "content": [{"type": "text", "text": reminder,
+                                                         "cache_control": {"type": "ephemeral"}}]})
+    second = _cc_messages({"role": "user", "content": [{"type": "text", "text": "Use a sub-agent."}]},
+                          {"role": "system", "content": reminder},
+                          {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks"})
+    before = messages_api.parse_request(first, {}).messages
+    after = messages_api.parse_request(second, {}).messages
+    assert before[1:] == (Message("user", "Use a sub-agent."), Message("system", reminder))
+    assert after[: len(before)] == before
+    for api, body in ((chat_api, chat_body(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "s"}])),
+                      (responses_api, {"model": "m", "input": [{"role": "user", "content": "a"},
+                                                               {"role": "system", "content": "s"}]})):
+        assert api.parse_request(body, {}).messages[-2:] == (Message("user", "a"), Message("system", "s"))
+
+
 def test_anthropic_variants() -> None:
     conv = messages_api.parse_request(
         {
@@ -441,7 +461,9 @@ ANTHROPIC_INVALID: list[tuple[object, str, str | None]] = [
     (claude_code_body(max_tokens=0), "greater than 0", "max_tokens"),
     (claude_code_body(max_tokens=1.5), "valid integer", "max_tokens"),
     (claude_code_body(messages=[]), "at least 1 item", "messages"),
-    (_cc_messages({"role": "system", "content": "hi"}), "unknown role 'system'", "messages.0.role"),
+    (_cc_messages({"role": "robot", "content": "hi"}), "unknown role 'robot'", "messages.0.role"),
+    (_cc_messages({"role": "system", "content": [{"type": "image"}]}), "unsupported content block type",
+     "messages.0.content.0.type"),
     (_cc_messages({"role": "user", "content": 7}), "expected a string or an array", "messages.0.content"),
     (_cc_messages({"role": "user"}), "Missing required parameter: 'messages.0.content'", "messages.0.content"),
     (_cc_messages({"role": "user", "content": [{"type": "text"}]}), "Missing required parameter: 'messages.0.content.0.text'", None),

@@ -68,3 +68,28 @@ def test_normalised_roles_alternate_and_keep_every_text(messages: list[Message])
         assert message.content in joined
     assert alternate_roles(messages) == out  # deterministic
     assert alternate_roles(out) == out  # idempotent
+
+
+def test_claude_codes_trailing_system_reminder_stays_where_it_was_sent() -> None:
+    """Claude Code 2.1.328 (captures/claude/012 → 013): a role "system" reminder after the last user
+    turn, then the answer and a new question. The reminder must not move into the new question:
+    the earlier turn would render differently and the cached prefix would be lost."""
+    before = [Message("system", "You are Claude."), Message("user", "Read calc.py"),
+              Message("system", "<system-reminder>todo list empty</system-reminder>")]
+    after = [*before, Message("assistant", "Done."), Message("user", "What is 2+2?")]
+    first, second = alternate_roles(before), alternate_roles(after)
+    assert first[-1] == Message("user", "Read calc.py\n\n<system-reminder>todo list empty</system-reminder>")
+    assert second[: len(first)] == first
+
+
+@given(messages=MESSAGES, more=MESSAGES)
+def test_appending_messages_changes_nothing_before_the_last_merged_turn(
+        messages: list[Message], more: list[Message]) -> None:
+    """The prefix cache's rule: a later request (the same messages and more) renders every earlier
+    turn the same; only the last turn may grow (a turn merged with what follows it)."""
+    first, second = alternate_roles(messages), alternate_roles([*messages, *more])
+    if not first:
+        return
+    assert second[: len(first) - 1] == first[:-1]
+    grown = second[len(first) - 1]
+    assert grown.role == first[-1].role and grown.content.startswith(first[-1].content)

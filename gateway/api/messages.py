@@ -276,10 +276,15 @@ def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str
             messages.extend(_parse_user(msg.content, param, tool_names))
         elif msg.role == "assistant":
             messages.extend(_parse_assistant(msg.content, param, tool_names))
+        elif msg.role == "system":
+            # Claude Code (2.1.3xx) sends its system reminders as role "system" turns inside
+            # `messages`; they stay where they are, so the history renders the same every turn.
+            text = strip_volatile_system(_text_blocks(msg.content, param))
+            if text:
+                messages.append(Message("system", text))
         else:
             raise invalid(
-                f"messages.{i}.role: unknown role {msg.role!r} (expected 'user' or 'assistant'; "
-                "use the top-level 'system' parameter for a system prompt).",
+                f"messages.{i}.role: unknown role {msg.role!r} (expected 'user', 'assistant' or 'system').",
                 f"messages.{i}.role",
             )
 
