@@ -15,7 +15,7 @@ from gateway.session_view import compressed_view, turns_view
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from sessions.identity import session_hash
 from sessions.record import SessionRecord
-from sessions.registry import SessionInfo
+from sessions.registry import SessionInfo, SessionRegistry
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _MIB = 1024 * 1024
@@ -40,18 +40,35 @@ async def _lookup(request: web.Request) -> SessionRecord:
     raise ApiError(404, "no such session", "not_found_error")
 
 
+def _sessions(registry: SessionRegistry, tenant: str) -> list[tuple[SessionInfo, list[SessionInfo]]]:
+    """Each session (its root record) with its branches, the main conversation first. A branch
+    whose session record is gone is listed as a session of its own."""
+    infos = registry.list(tenant)
+    ids = {i.session_id for i in infos}
+    branches: dict[str, list[SessionInfo]] = {}
+    for info in infos:
+        if info.parent in ids:
+            branches.setdefault(info.parent, []).append(info)
+    return [(root, [root, *branches.get(root.session_id, [])]) for root in infos if root.parent not in ids]
+
+
 async def list_sessions(request: web.Request) -> web.Response:
     tenant = _require_admin(request)
     registry = request.app[APP_STATE].registry
-    data = [_public(info, registry.loaded(info.session_id)) for info in registry.list(tenant)]
+    data = [{**_public(root, registry.loaded(root.session_id)),
+             "branches": [_public(b, registry.loaded(b.session_id)) for b in branches]}
+            for root, branches in _sessions(registry, tenant)]
     return web.json_response({"object": "list", "data": data})
 
 
 async def get_session(request: web.Request) -> web.Response:
     record = await _lookup(request)
     registry = request.app[APP_STATE].registry
-    info = next((i for i in registry.list(record.tenant) if i.session_id == record.session_id), None)
+    listed = _sessions(registry, record.tenant)
+    info = next((root for root, _ in listed if root.session_id == record.session_id), None)
+    branches = next((b for root, b in listed if root.session_id == record.session_id), [])
     body = _public(info, record) if info else {"id": record.session_id, "session_id": record.session_id}
+    body["branches"] = [_public(b, registry.loaded(b.session_id)) for b in branches]
     body.update(
         messages=len(record.served_hashes),
         compressed_messages=len(record.kept_maps),
@@ -65,8 +82,17 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
+    """A session and every conversation in it (or one branch, named by its own id)."""
     record = await _lookup(request)
-    await request.app[APP_STATE].registry.delete(record.session_id)
+    registry = request.app[APP_STATE].registry
+    branches = {b.session_id for root, bs in _sessions(registry, record.tenant) if root.session_id == record.session_id
+                for b in bs} | {e.branch_id for e in record.branch_entries()}
+    for session_id in [*(branches - {record.session_id}), record.session_id]:
+        await registry.delete(session_id)
+    root = await registry.find(record.parent, record.tenant) if record.parent else None
+    if root is not None:  # one branch: its session no longer lists it
+        root.drop_branch(record.session_id)
+        await registry.save_record(root)
     return web.json_response({"id": record.session_id, "deleted": True})
 
 

@@ -125,8 +125,10 @@ async def handle_turn(
     state = request.app[APP_STATE]
     if conv is None:
         conv = await parse_conversation(request, adapter)
-    if conv.params.max_tokens is None:  # the configured default, not "until the context is full"
-        conv = replace(conv, params=replace(conv.params, max_tokens=state.settings.default_max_tokens))
+    limit = state.settings.max_tokens_limit
+    asked = conv.params.max_tokens or state.settings.default_max_tokens  # not "until the context is full"
+    if asked != conv.params.max_tokens or (limit is not None and asked > limit):
+        conv = replace(conv, params=replace(conv.params, max_tokens=min(asked, limit or asked)))
     tenant = request.get(TENANT, "")
     async with state.limiter.slot(tenant):
         try:
@@ -137,16 +139,19 @@ async def handle_turn(
                 return await _failed_stream(request, adapter, conv, err)
             raise
         try:
-            events = state.turns.stream(turn)
-        except EngineBusy as exc:
-            raise overloaded("the engine is busy; retry shortly", exc.retry_after) from None
-        response_id = f"{adapter.id_prefix}{secrets.token_hex(12)}"
-        created = int(time.time())
-        if on_reply is not None:
-            events = _tap_reply(events, lambda reply: on_reply(response_id, reply))
-        if conv.stream:
-            return await _stream(request, adapter, turn, events, response_id, created)
-        return await _complete(request, adapter, turn, events, response_id, created)
+            try:
+                events = state.turns.stream(turn)
+            except EngineBusy as exc:
+                raise overloaded("the engine is busy; retry shortly", exc.retry_after) from None
+            response_id = f"{adapter.id_prefix}{secrets.token_hex(12)}"
+            created = int(time.time())
+            if on_reply is not None:
+                events = _tap_reply(events, lambda reply: on_reply(response_id, reply))
+            if conv.stream:
+                return await _stream(request, adapter, turn, events, response_id, created)
+            return await _complete(request, adapter, turn, events, response_id, created)
+        finally:
+            state.turns.finish(turn)  # the next turn of this conversation may start
 
 
 async def _complete(
@@ -347,6 +352,7 @@ def log_turn(turn: Turn, finished: Finished, api: str) -> None:
         "api": api,
         "session": turn.identity.session_id[:16],
         "session_source": turn.identity.source,
+        "branch": turn.branch.label,
         "tokens_in": usage.prompt_tokens,
         "tokens_reused": usage.cached_tokens,
         "tokens_evaluated": usage.prompt_tokens - usage.cached_tokens,

@@ -59,7 +59,7 @@ RESPONSES = ApiAdapter(
 # count_tokens: the same wire format, `max_tokens` not required.
 ANTHROPIC_COUNT = replace(ANTHROPIC, parse_request=messages_api.parse_count_tokens_request)
 
-_OPEN_PATHS = {"/health", "/metrics"}
+_OPEN_PATHS = {"/health", "/metrics", "/api/hello"}
 
 # Recent Responses per tenant, for previous_response_id (in memory only).
 RESPONSE_HISTORY: web.AppKey[ResponseHistory] = web.AppKey("pflash_response_history", ResponseHistory)
@@ -194,6 +194,11 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "model": state.settings.model_name})
 
 
+async def hello(request: web.Request) -> web.Response:
+    """Claude Code's reachability probe (`HEAD /api/hello`, before its first request)."""
+    return web.json_response({"status": "ok"})
+
+
 async def models(request: web.Request) -> web.Response:
     state = request.app[APP_STATE]
     entry = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "pflash-gateway",
@@ -278,6 +283,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
     app.cleanup_ctx.append(lifetime)
     app[RESPONSE_HISTORY] = ResponseHistory()
     app.router.add_get("/health", health)
+    app.router.add_get("/api/hello", hello)  # also answers HEAD
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", turn_route(OPENAI_CHAT))
     app.router.add_post("/v1/messages", turn_route(ANTHROPIC))

@@ -36,6 +36,8 @@ def _scan(root: Path) -> list[dict[str, Any]]:
                     bytes=sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
                     last_used=meta["session"]["last_used"],
                     compressed_messages=len(meta["session"].get("kept_maps", {})),
+                    kind=meta["session"].get("kind", "main"),  # a branch's session is its parent
+                    parent=meta["session"].get("parent", ""),
                 )
             except Exception as exc:  # listing must survive anything on disk
                 row["error"] = str(exc)
@@ -76,11 +78,13 @@ def _ls(rows: list[dict[str, Any]], as_json: bool) -> int:
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'session':16}  {'tokens':>7}  {'MiB':>7}  {'last used':19}  state")
+    print(f"{'session':16}  {'conversation':24}  {'tokens':>7}  {'MiB':>7}  {'last used':19}  state")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("last_used", 0)))
         state = "ok" if r["valid"] else f"invalid ({r.get('error', 'format')})"
-        print(f"{r['id'][:16]:16}  {r.get('tokens', 0):>7}  {r.get('bytes', 0) / 2**20:>7.1f}  {when:19}  {state}")
+        conversation = r.get("kind", "?") + (f" of {r['parent'][:12]}" if r.get("parent") else "")
+        print(f"{r['id'][:16]:16}  {conversation:24}  {r.get('tokens', 0):>7}  {r.get('bytes', 0) / 2**20:>7.1f}  "
+              f"{when:19}  {state}")
     return 0
 
 

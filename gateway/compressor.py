@@ -4,6 +4,7 @@ path and `pflash-gateway compress`, so the preview is exactly what a request wou
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -84,9 +85,11 @@ class MessageCompressor:
         return result
 
     def compress(
-        self, messages: Sequence[Message], index: int, tokens: int, keep_ratio: float | None = None
+        self, messages: Sequence[Message], index: int, tokens: int, keep_ratio: float | None = None,
+        step_aside: bool = True,
     ) -> tuple[CompressionPlan, CompressionReport]:
-        """Blocking (tokenizing and scoring): call it from a worker thread."""
+        """Blocking (tokenizing and scoring): call it from a worker thread. `step_aside=False`:
+        relevance too flat is no reason to serve the message whole (it cannot be)."""
         started = time.perf_counter()
         text = messages[index].content
         lines, line_tokens, units = self.segment_message(text)
@@ -104,7 +107,7 @@ class MessageCompressor:
         budget = int(tokens * keep_ratio) if keep_ratio is not None else token_budget(tokens, self._curve)
         plan = plan_compression(
             text, line_tokens, scores, units, budget, request.pinned_lines,
-            self.settings.fallback_spread, self.count_tokens,
+            self.settings.fallback_spread if step_aside else -math.inf, self.count_tokens,
         )
         served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
         report = CompressionReport(plan.compressed, plan.reason, scorer.name, tokens, served_tokens,

@@ -243,6 +243,11 @@ def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:
     yield GaugeMetricFamily("pflash_session_record_bytes", "Approximate bytes of the session records held in memory "
                             "(counted in the RAM budget with the KV states).", value=s.get("record_bytes", 0.0))
     yield _counter("pflash_session_spills", "KV states moved from RAM to disk for the RAM budget.", s.get("spills", 0.0))
+    side = _counter("pflash_side_states", "KV states of side requests put in the RAM tier (at its least recently "
+                    "used end, so they leave first) and spilled from it.", labels=["event"])
+    side.add_metric(["stashed"], s.get("side_states_stashed", 0.0))
+    side.add_metric(["spilled"], s.get("side_states_spilled", 0.0))
+    yield side
     yield GaugeMetricFamily("pflash_state_buffer_bytes", "Bytes of the reused buffers that KV states are saved and "
                             "loaded into (at most two, outside the RAM budget while free).",
                             value=s.get("state_buffer_bytes", 0.0))
@@ -343,4 +348,28 @@ def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
                    t.get("background_failures", 0.0))
     yield GaugeMetricFamily("pflash_background_embedding_pending", "Background embedding jobs queued or running.",
                             value=t.get("background_pending", 0.0))
+    yield from _branch_metrics(t)
+
+
+BRANCH_KINDS = ("main", "agent", "side", "fork")
+
+
+def _branch_metrics(t: dict[str, float]) -> Iterator[Metric]:
+    """Conversations inside sessions (gateway/branches.py): counters keyed "<name>:<kind>"."""
+    for name, doc in (
+        ("branch_turns", "Turns by the kind of conversation they continued: the session's main agent, a sub-agent "
+         "(agent id), a side request (title, safety classifier) or another conversation under the same id (fork)."),
+        ("branches_opened", "Conversations opened inside sessions, by kind."),
+        ("branch_prefix_lost", "Turns that carried their conversation's whole last request yet found less of its "
+         "prompt cached (re-prefilled: its state was lost or pushed out by another conversation), by kind."),
+    ):
+        family = _counter(f"pflash_{name}", doc, labels=["kind"])
+        for kind in BRANCH_KINDS:
+            family.add_metric([kind], t.get(f"{name}:{kind}", 0.0))
+        yield family
+    yield _counter("pflash_branches_dropped", "Idle conversations dropped to keep a session within its branch limit.",
+                   t.get("branches_dropped", 0.0))
+    yield _counter("pflash_side_requests", "Side requests (no tools, a schema-shaped answer or an agent session's "
+                   "one-shot prompt): served on their own branch, their state the first to leave RAM.",
+                   t.get("side_requests", 0.0))
 

@@ -22,10 +22,11 @@ from engine.embedder import EmbeddingGate
 from engine.ranker import MeaningFailures
 from engine.scorers import Scorer, feature_store_of, gate_scorer_of
 from gateway.background_embedding import BackgroundEmbedder
+from gateway.branches import BranchRouter, BranchTurn
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn
-from policies.admission import admit
+from policies.admission import COMPRESSIBLE_ROLES, ONE_SHOT_ROLES, admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
 from sessions.identity import SessionIdentity, resolve_session
@@ -38,7 +39,7 @@ log = logging.getLogger("pflash.turns")
 @dataclass
 class Turn:
     identity: SessionIdentity
-    record: SessionRecord
+    branch: BranchTurn
     conversation: Conversation
     prompt: PreparedPrompt
     compression: CompressionReport | None = None
@@ -47,8 +48,13 @@ class Turn:
     started: float = field(default_factory=time.perf_counter)  # from prepare(): compression time counts
     first_output: float | None = None  # when the first text or tool-call event came
 
+    @property
+    def record(self) -> SessionRecord:
+        """The branch's record: its kept-line maps, recall log and turn log."""
+        return self.branch.record
+
     def headers(self) -> dict[str, str]:
-        out = {"X-PFlash-Session": self.identity.session_id[:16]}
+        out = {"X-PFlash-Session": self.identity.session_id[:16], "X-PFlash-Branch": self.branch.label}
         if self.restored_from is not None:
             out["X-PFlash-Restored-From"] = self.restored_from
         if self.compression is not None:
@@ -80,11 +86,13 @@ class TurnService:
         self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
         self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget,
                                  settings.recall_context)
+        self.branches = BranchRouter(registry)
         self.counters: dict[str, float] = {}
 
     def stats(self) -> dict[str, float]:
-        """The turn counters with the recall gate's, the ranker's and the background encoder's (/metrics)."""
-        out = dict(self.counters)
+        """The turn counters with the branches', the recall gate's, the ranker's and the background
+        encoder's (/metrics)."""
+        out = {**self.counters, **self.branches.counters}
         gate = gate_scorer_of(self.compressor.scorer)
         if isinstance(gate, EmbeddingGate):
             out.update(gate.counters)
@@ -100,25 +108,43 @@ class TurnService:
         self.counters[name] = self.counters.get(name, 0) + amount
 
     async def prepare(self, conv: Conversation, tenant: str) -> Turn:
+        """The turn's branch (held until `finish`), its rewritten history and its prompt."""
         started = time.perf_counter()
         identity = resolve_session(conv, tenant)
-        record = await self.registry.get_or_create(identity.session_id, tenant, identity.source)
-        self.engine.prefetch(identity.session_id)  # a resume's disk read overlaps tokenizing below
-        await self._refuse_hopeless_overflow(conv, record)
-        messages, report, recall = await self.rewrite(conv.messages, record)
-        prompt = await self._prepare_prompt(messages, conv)
-        if prompt.n_tokens >= self.engine.n_ctx:
-            raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
-        return Turn(identity, record, conv, prompt, report, recall, started=started)
+        branch = await self.branches.enter(conv, identity, tenant)
+        try:
+            record = branch.record
+            self.engine.prefetch(record.session_id)  # a resume's disk read overlaps tokenizing below
+            must_fit = branch.side and await self._overflows(conv, record)
+            if not must_fit:
+                await self._refuse_hopeless_overflow(conv, record)
+            messages, report, recall = await self.rewrite(conv.messages, record, must_fit)
+            prompt = await self._prepare_prompt(messages, conv)
+            if prompt.n_tokens >= self.engine.n_ctx:
+                raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
+        except BaseException:
+            self.branches.release(branch)
+            raise
+        if branch.side:
+            self._count("side_requests")
+        return Turn(identity, branch, conv, prompt, report, recall, started=started)
+
+    def finish(self, turn: Turn) -> None:
+        """The turn is over (answered, failed or abandoned): the next turn of its branch may start."""
+        self.branches.release(turn.branch)
 
     async def count(self, conv: Conversation, tenant: str) -> int:
         """The prompt's size as the model would read it, for count_tokens: history as served,
         new messages whole (an upper bound: no compression or recall is run). Changes no state:
         no session record is created, nothing is compressed, nothing is logged for recall."""
-        identity = resolve_session(conv, tenant)
-        record = await self.registry.find(identity.session_id, tenant)
+        record = await self.branches.find(conv, resolve_session(conv, tenant), tenant)
         messages = conv.messages if record is None else self._served_history(conv.messages, record)
         return (await self._prepare_prompt(messages, conv)).n_tokens
+
+    async def _overflows(self, conv: Conversation, record: SessionRecord) -> bool:
+        """Whether the prompt, history as served and new messages whole, fills the context."""
+        whole = await self._prepare_prompt(self._served_history(conv.messages, record), conv)
+        return whole.n_tokens >= self.engine.n_ctx
 
     async def _prepare_prompt(self, messages: Sequence[Message], conv: Conversation) -> PreparedPrompt:
         try:
@@ -145,16 +171,24 @@ class TurnService:
             raise context_overflow(whole.n_tokens, self.engine.n_ctx)
 
     async def rewrite(
-        self, messages: Sequence[Message], record: SessionRecord
+        self, messages: Sequence[Message], record: SessionRecord, must_fit: bool = False
     ) -> tuple[tuple[Message, ...], CompressionReport | None, RecallReport | None]:
         """History from the kept-line maps and recall log; at most one new long message of this
-        turn compressed; a new question checked by the recall gate."""
+        turn compressed; a new question checked by the recall gate. `must_fit`: a one-shot side
+        request that does not fit the context whole (Claude Code's safety classifier sends a
+        ~141K-character system prompt): its system text may be cut too, and flat relevance is no
+        reason to serve it whole, since whole cannot be served."""
         served = list(self._served_history(messages, record))
-        candidate = self._compression_candidate(messages, record)
+        candidate = self._compression_candidate(messages, record, ONE_SHOT_ROLES if must_fit else COMPRESSIBLE_ROLES)
         report = None
         if candidate is not None:
             index, tokens = candidate
-            rewritten, report = await self._compress(messages, index, tokens, record)
+            try:
+                rewritten, report = await self._compress(messages, index, tokens, record, step_aside=not must_fit)
+            except Exception as exc:  # like a scorer failure: compression never fails the request
+                log.exception("compression failed (%s): message served whole", exc)
+                self._count("compression_fallbacks:error")
+                rewritten = None
             if rewritten is not None:
                 served[index] = rewritten
         recall = None
@@ -180,7 +214,7 @@ class TurnService:
                 and recalled_turn(messages[index], index, record) is None)
 
     def _as_served(self, message: Message, record: SessionRecord) -> Message:
-        kept = record.kept_maps.get(content_hash(message.content)) if message.role in ("tool", "user") else None
+        kept = record.kept_maps.get(content_hash(message.content)) if message.role in ONE_SHOT_ROLES else None
         if kept is None:
             return message
         try:
@@ -190,25 +224,27 @@ class TurnService:
             self._count("kept_map_failures")
             return message
 
-    def _compression_candidate(self, messages: Sequence[Message], record: SessionRecord) -> tuple[int, int] | None:
+    def _compression_candidate(self, messages: Sequence[Message], record: SessionRecord,
+                               roles: frozenset[str] = COMPRESSIBLE_ROLES) -> tuple[int, int] | None:
         """The largest new message of the new turn (after the last assistant message), if admitted."""
         start = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1) + 1
         seen = record.seen_hashes()
         best: tuple[int, int] | None = None
         for index in range(start, len(messages)):
             message = messages[index]
-            if message.role not in ("tool", "user") or len(message.content) < self.settings.threshold:
+            if message.role not in roles or len(message.content) < self.settings.threshold:
                 continue  # a token is at least one character: too short to ever reach the threshold
             tokens = self.engine.count_tokens(message.content)
-            decision = admit(tokens, self.settings.threshold, content_hash(message.content) not in seen, message.role)
+            decision = admit(tokens, self.settings.threshold, content_hash(message.content) not in seen, message.role,
+                             roles)
             if decision.compress and (best is None or tokens > best[1]):
                 best = (index, tokens)
         return best
 
     async def _compress(
-        self, messages: Sequence[Message], index: int, tokens: int, record: SessionRecord
+        self, messages: Sequence[Message], index: int, tokens: int, record: SessionRecord, step_aside: bool = True
     ) -> tuple[Message | None, CompressionReport]:
-        plan, report = await asyncio.to_thread(self.compressor.compress, messages, index, tokens)
+        plan, report = await asyncio.to_thread(self.compressor.compress, messages, index, tokens, None, step_aside)
         self._count("scorer_seconds", report.scorer_seconds)
         self._count("compression_tokens_in", report.original_tokens)  # /metrics: tokens in vs as served
         self._count("compression_tokens_out", report.kept_tokens)
@@ -229,7 +265,7 @@ class TurnService:
 
     def stream(self, turn: Turn) -> AsyncIterator[EngineEvent]:
         params = turn.conversation.params
-        events = self.engine.stream(turn.identity.session_id, turn.prompt, params)
+        events = self.engine.stream(turn.record.session_id, turn.prompt, params)
         return self._record_after(turn, events)
 
     async def _record_after(self, turn: Turn, events: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
@@ -247,13 +283,18 @@ class TurnService:
                     turn.restored_from = event.restored_from
                     self._count("prefill_tokens_reused", event.cached_tokens)
                     self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
+                    self._check_reuse(turn, event)
                 elif isinstance(event, Finished):
                     self._remember(turn, "".join(text), tuple(calls), event)
                     # Written ahead: the next turn renders its history from this record, so it is in
-                    # the store before the client sees the end of this answer.
+                    # the store before the client sees the end of this answer (and the session's
+                    # list of branches with it).
                     await self.registry.save_record(turn.record)
+                    if turn.branch.root is not turn.record:
+                        await self.registry.save_record(turn.branch.root)
                 yield event
         finally:
+            self.finish(turn)
             # Closing this turn closes the engine's turn now (it stops at its next token), not
             # whenever the garbage collector finalizes the engine's generator. A turn that ends
             # early leaves the record as it was: only a Finished turn is remembered.
@@ -266,7 +307,17 @@ class TurnService:
                 if turn.recall is not None and turn.recall.unembedded:
                     self.background.submit(turn.record, turn.recall.unembedded)
 
+    def _check_reuse(self, turn: Turn, prefill: PrefillDone) -> None:
+        """A turn that carries its branch's whole last request should find that prompt cached: one
+        that does not was re-prefilled (its state lost, or pushed out by another conversation)."""
+        lost = turn.branch.previous_prompt_tokens - prefill.cached_tokens
+        if turn.branch.extends and lost > 0:
+            self._count(f"branch_prefix_lost:{turn.branch.kind}")
+            log.warning("session %s: %s branch re-prefilled %d tokens of its last prompt (restored from %s)",
+                        turn.identity.session_id[:12], turn.branch.kind, lost, prefill.restored_from)
+
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
+        self.branches.served(turn.branch, finished.usage.prompt_tokens)
         served = [*turn.prompt.messages, Message("assistant", text, calls)]
         usage = finished.usage
         turn.record.note_served(

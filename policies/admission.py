@@ -11,6 +11,9 @@ from dataclasses import dataclass
 DEFAULT_THRESHOLD = 16384
 
 COMPRESSIBLE_ROLES = frozenset({"tool", "user"})
+# A one-shot side request that cannot fit the context whole may have its system text cut too:
+# nothing is cached for it, and whole is not an option (gateway/turns.py).
+ONE_SHOT_ROLES = COMPRESSIBLE_ROLES | {"system"}
 
 REASON_ADMITTED = "new_long_message"
 REASON_HISTORY = "history"
@@ -24,11 +27,13 @@ class Admission:
     reason: str
 
 
-def admit(message_tokens: int, threshold: int, is_new: bool, role: str) -> Admission:
-    """Compress iff the message is new, from a tool or the user, and at least `threshold` tokens."""
+def admit(message_tokens: int, threshold: int, is_new: bool, role: str,
+          roles: frozenset[str] = COMPRESSIBLE_ROLES) -> Admission:
+    """Compress iff the message is new, of one of `roles` (a tool or the user), and at least
+    `threshold` tokens."""
     if not is_new:
         return Admission(False, REASON_HISTORY)
-    if role not in COMPRESSIBLE_ROLES:
+    if role not in roles:
         return Admission(False, REASON_ROLE)
     if message_tokens < threshold:
         return Admission(False, REASON_BELOW_THRESHOLD)

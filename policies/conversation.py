@@ -69,6 +69,10 @@ class SessionHints:
     prompt_cache_key: str | None = None
     metadata_user_id: str | None = None
     user: str | None = None
+    # Which conversation of the session: Claude Code's sub-agent id (`x-claude-code-agent-id`),
+    # Codex's thread (`thread-id`; its main thread's equals the session id).
+    agent_id: str | None = None
+    thread_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ For a tool output that is the call which produced it (name + arguments), the ass
 around that call, the latest user text, if short (MAX_SYSTEM_TOKENS) the system prompt, and the user
 text before the latest (a follow-up such as "How can I create one?" names its subject there). For a
 long user paste it is the question the user wrote around the pasted block; those lines are pinned so
-the question is never cut away. The scored text is trimmed to a token budget, most specific parts first.
+the question is never cut away. For a system prompt (cut only when a one-shot side request cannot
+fit whole) it is the user text that follows it. The scored text is trimmed to a token budget, most specific parts first.
 """
 
 from __future__ import annotations
@@ -269,6 +270,18 @@ def _user_request(
     return RequestText(scored=scored, pinned_lines=None)
 
 
+def _system_request(messages: Sequence[Message], target_index: int, count_tokens: CountTokens,
+                    max_tokens: int) -> RequestText:
+    """A system prompt cut because a one-shot request cannot fit whole (gateway/turns.py): the
+    instructions that matter are those about what the request asks, the user text after them."""
+    parts: list[tuple[int, str, Literal["head", "tail", "ends", "whole"]]] = [
+        (i, m.content, "ends") for i, m in enumerate(messages) if i > target_index and m.role == "user"][::-1]
+    if not parts:
+        parts.append((0, messages[target_index].content, "head"))
+    scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
+    return RequestText(scored=scored, pinned_lines=None)
+
+
 def find_request(
     messages: Sequence[Message],
     target_index: int,
@@ -287,4 +300,6 @@ def find_request(
         return _tool_request(messages, target_index, count_tokens, max_scored_tokens)
     if role == "user":
         return _user_request(messages, target_index, count_tokens, max_scored_tokens, max_pinned_tokens)
-    raise ValueError(f"target must be a tool or user message, not {role!r}")
+    if role == "system":
+        return _system_request(messages, target_index, count_tokens, max_scored_tokens)
+    raise ValueError(f"target must be a tool, user or system message, not {role!r}")

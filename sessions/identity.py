@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from policies.conversation import Conversation
+from policies.conversation import Conversation, SessionHints
 
 # Claude Code's legacy metadata.user_id: "user_<hash>_account_<uuid>_session_<uuid>".
 _LEGACY_SESSION = re.compile(r"_session_([0-9a-fA-F-]{8,})$")
@@ -69,3 +69,13 @@ def resolve_session(conv: Conversation, tenant: str) -> SessionIdentity:
     key = _prefix_key(conv)
     return SessionIdentity(key, "prefix", session_hash(tenant, key))
 
+
+def branch_hint(hints: SessionHints, session_key: str) -> str:
+    """The conversation a request names inside its session, "" for the agent's own turns: a
+    Claude Code sub-agent's id, or a Codex thread other than the session's main thread."""
+    if hints.agent_id and hints.agent_id.strip():
+        return "agent:" + hints.agent_id.strip()
+    thread = (hints.thread_id or "").strip()
+    if thread and thread not in (session_key, hints.session_id_header, hints.prompt_cache_key):
+        return "thread:" + thread
+    return ""

@@ -8,6 +8,7 @@ copy taken under that lock. The lock is only ever held for in-memory work, never
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,33 @@ class RecallEntry:
 
 
 @dataclass
+class BranchEntry:
+    """One conversation of a session, as its root record lists it (policies/branches.py)."""
+
+    branch_id: str  # the branch's own record and KV state go by this id
+    kind: str  # "main" | "agent" | "side" | "fork"
+    hint: str = ""  # the agent id it was opened for ("" for the agent's own turns)
+    tools: bool = False  # its requests offer tools
+    digests: tuple[str, ...] = ()  # of the last request it served
+    prompt_tokens: int = 0  # of the last prompt it served: what the next turn should find cached
+    last_used: float = field(default_factory=time.time)
+
+    @property
+    def side(self) -> bool:
+        return self.kind == "side"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"branch_id": self.branch_id, "kind": self.kind, "hint": self.hint, "tools": self.tools,
+                "digests": list(self.digests), "prompt_tokens": self.prompt_tokens, "last_used": self.last_used}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BranchEntry:
+        return cls(str(data["branch_id"]), str(data["kind"]), str(data.get("hint", "")), bool(data.get("tools")),
+                   tuple(str(d) for d in data.get("digests", [])), int(data.get("prompt_tokens", 0)),
+                   float(data.get("last_used", 0.0)))
+
+
+@dataclass
 class SessionRecord:
     session_id: str
     tenant: str  # hash of the API key that owns it ("" without auth)
@@ -55,6 +83,13 @@ class SessionRecord:
     client_key: str = ""  # the client's own session name (e.g. its X-Session-Id); "" when derived
     # What each recent turn did (tokens, timings, compression, recall): small plain dicts, bounded.
     turn_log: list[dict[str, Any]] = field(default_factory=list)
+    # A branch's session (its root record's id); "" for a root, whose `branches` lists every
+    # conversation of the session (itself included once it served one).
+    parent: str = ""
+    kind: str = "main"
+    hint: str = ""
+    branches: dict[str, BranchEntry] = field(default_factory=dict)
+    branch_serial: int = 0  # how many branches the session ever opened: new ids never repeat
     # Bumped by every change a later turn depends on; the registry compares it with what it wrote.
     version: int = field(default=0, compare=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
@@ -104,7 +139,41 @@ class SessionRecord:
             del self.turn_log[:-TURN_LOG_LIMIT]
             self.version += 1
 
+    def open_branch(self, kind: str, hint: str, tools: bool) -> BranchEntry:
+        """A new conversation of this (root) session: the root's own id for its main conversation,
+        else a fresh id derived from the root's."""
+        with self._lock:
+            if kind == "main" and self.session_id not in self.branches:
+                branch_id = self.session_id
+            else:
+                self.branch_serial += 1
+                branch_id = hashlib.sha256(f"{self.session_id}\x00branch\x00{self.branch_serial}".encode()).hexdigest()
+            entry = BranchEntry(branch_id, kind, hint, tools)
+            self.branches[branch_id] = entry
+            self.version += 1
+            return entry
+
+    def branch_served(self, branch_id: str, digests: tuple[str, ...], prompt_tokens: int) -> None:
+        """A branch finished a turn: what it served is what the next request is matched against."""
+        with self._lock:
+            entry = self.branches.get(branch_id)
+            if entry is None:
+                return  # dropped meanwhile (the session's branch limit, or deleted)
+            self.branches[branch_id] = BranchEntry(entry.branch_id, entry.kind, entry.hint, entry.tools, digests,
+                                                   prompt_tokens, time.time())
+            self.last_used = time.time()
+            self.version += 1
+
+    def drop_branch(self, branch_id: str) -> None:
+        with self._lock:
+            if self.branches.pop(branch_id, None) is not None:
+                self.version += 1
+
     # --- consistent reads ----------------------------------------------------------------------
+    def branch_entries(self) -> list[BranchEntry]:
+        with self._lock:
+            return list(self.branches.values())
+
     def recalled_units(self) -> set[tuple[str, int, int]]:
         with self._lock:
             return {unit for entry in self.recall_log for unit in entry.units}
@@ -130,6 +199,7 @@ class SessionRecord:
             size += sum(len(raw) + 96 for raw, _n in self.unit_features.values())
             size += sum(len(e.rendered) + 64 * len(e.units) + 96 for e in self.recall_log)
             size += sum(16 * len(m.kept_ranges) for m in self.kept_maps.values())
+            size += sum(160 + 40 * len(e.digests) for e in self.branches.values())
             return size
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +219,11 @@ class SessionRecord:
                 "unit_features": {k: [raw, n] for k, (raw, n) in self.unit_features.items()},
                 "client_key": self.client_key,
                 "turn_log": [dict(e) for e in self.turn_log],
+                "parent": self.parent,
+                "kind": self.kind,
+                "hint": self.hint,
+                "branches": [e.to_dict() for e in self.branches.values()],
+                "branch_serial": self.branch_serial,
             }
 
     @classmethod
@@ -168,4 +243,9 @@ class SessionRecord:
             unit_features={str(k): (bytes(raw), int(n)) for k, (raw, n) in data.get("unit_features", {}).items()},
             client_key=str(data.get("client_key", "")),
             turn_log=[dict(e) for e in data.get("turn_log", []) if isinstance(e, dict)][-TURN_LOG_LIMIT:],
+            parent=str(data.get("parent", "")),
+            kind=str(data.get("kind", "main")),
+            hint=str(data.get("hint", "")),
+            branches={e.branch_id: e for e in map(BranchEntry.from_dict, data.get("branches", []))},
+            branch_serial=int(data.get("branch_serial", 0)),
         )

@@ -46,6 +46,9 @@ T = TypeVar("T")
 class SessionInfo:
     session_id: str
     tenant: str
+    parent: str  # "" for a session; its root record's id for a branch
+    kind: str  # of the conversation: "main" | "agent" | "side" | "fork"
+    hint: str  # the agent id (Claude Code's sub-agent, Codex's thread) a branch was opened for
     tier: str  # "context" | "ram" | "disk" | "none": where the engine finds its KV next
     tokens: int
     ram_bytes: int
@@ -80,7 +83,8 @@ class SessionRegistry:
         self.store.stale_dirs()
         # The first resume after a restart writes into memory touched now, not at its first token.
         self.store.buffers.warm(max((e.kv_raw_bytes for e in entries.values()), default=0))
-        self.counters: dict[str, int] = {"spills": 0, "store_errors": 0, "records_evicted": 0}
+        self.counters: dict[str, int] = {"spills": 0, "store_errors": 0, "records_evicted": 0,
+                                         "side_states_stashed": 0, "side_states_spilled": 0}
 
     # --- the I/O thread ----------------------------------------------------------------------------
     async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -90,7 +94,9 @@ class SessionRegistry:
         return self._io.submit(fn, *args)
 
     # --- records -----------------------------------------------------------------------------------
-    async def get_or_create(self, session_id: str, tenant: str, key_source: str) -> SessionRecord:
+    async def get_or_create(self, session_id: str, tenant: str, key_source: str, parent: str = "",
+                            kind: str = "main", hint: str = "") -> SessionRecord:
+        """A session's record, or a branch's (`parent` names its session's root record)."""
         record = await self._resident(session_id)
         if record is not None and record.tenant != tenant:
             record = None  # a hash collision across tenants is not possible; be strict anyway
@@ -99,7 +105,8 @@ class SessionRegistry:
             if record is None:
                 record = self._live.get(session_id)
                 if record is None or record.tenant != tenant:
-                    record = SessionRecord(session_id=session_id, tenant=tenant, key_source=key_source)
+                    record = SessionRecord(session_id=session_id, tenant=tenant, key_source=key_source,
+                                           parent=parent, kind=kind, hint=hint)
                     self._written[session_id] = record.version  # nothing to write until it changes
             record.last_used = time.time()
             self._keep(record)
@@ -253,6 +260,9 @@ class SessionRegistry:
         return SessionInfo(
             session_id=session_id,
             tenant=record.tenant if record else (disk.tenant if disk else ""),
+            parent=record.parent if record else (disk.parent if disk else ""),
+            kind=record.kind if record else (disk.kind if disk else "main"),
+            hint=record.hint if record else (disk.hint if disk else ""),
             tier=tier,
             tokens=tokens,
             ram_bytes=held_bytes(ram.blob) if ram is not None else 0,
@@ -282,6 +292,12 @@ class SessionRegistry:
                 self._ram_bytes -= held_bytes(old.blob)
             self._ram[session_id] = state
             self._ram_bytes += held_bytes(state.blob)
+            record = self._live.get(session_id)
+            if record is not None and record.kind == "side":
+                # A side request's one-shot prompt goes first when RAM runs short: it never pushes
+                # an agent's conversation out to make room for itself.
+                self._ram.move_to_end(session_id, last=False)
+                self.counters["side_states_stashed"] += 1
             victims: list[tuple[str, SavedState]] = []
             while self._ram and self._ram_bytes > self._budget:
                 victim, victim_state = self._ram.popitem(last=False)
@@ -289,6 +305,9 @@ class SessionRegistry:
                 self._spilling[victim] = victim_state
                 victims.append((victim, victim_state))
                 self.counters["spills"] += 1
+                victim_record = self._live.get(victim)
+                if victim_record is not None and victim_record.kind == "side":
+                    self.counters["side_states_spilled"] += 1
             self._evict_records()
         for victim, victim_state in victims:  # written on the I/O thread; the worker goes on
             self._submit(self._spill, victim, victim_state)

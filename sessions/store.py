@@ -47,6 +47,9 @@ log = logging.getLogger("pflash.store")
 class StoreEntry:
     session_id: str
     tenant: str
+    parent: str  # "" for a session's root record, else the root's id (a branch)
+    kind: str  # the branch's kind: "main" | "agent" | "side" | "fork"
+    hint: str  # the agent id a branch was opened for
     last_used: float
     kv_tokens: int
     meta_bytes: int
@@ -56,6 +59,12 @@ class StoreEntry:
     @property
     def total_bytes(self) -> int:
         return self.meta_bytes + self.kv_bytes
+
+
+def _described(session: dict[str, Any]) -> tuple[str, str, str, str, float]:
+    """What the index keeps of a record: tenant, parent, kind, hint, last used."""
+    return (str(session["tenant"]), str(session.get("parent", "")), str(session.get("kind", "main")),
+            str(session.get("hint", "")), float(session["last_used"]))
 
 
 def _map_file(path: Path) -> memoryview:
@@ -155,9 +164,8 @@ class SessionStore:
         self.counters["record_writes"] += 1
         self.counters["record_bytes_written"] += len(packed)
         old = self._index_get(session_id)
-        self._index_put(StoreEntry(session_id, str(data["tenant"]), float(data["last_used"]),
-                                   old.kv_tokens if old else 0, len(packed), old.kv_bytes if old else 0,
-                                   old.kv_raw_bytes if old else 0))
+        self._index_put(StoreEntry(session_id, *_described(data), old.kv_tokens if old else 0, len(packed),
+                                   old.kv_bytes if old else 0, old.kv_raw_bytes if old else 0))
 
     def save_kv(self, session_id: str, state: SavedState) -> list[str]:
         """Write a KV state (the session's record must be on disk first); returns evicted sessions."""
@@ -285,8 +293,8 @@ class SessionStore:
                     header, _start = read_kv_header(head_bytes(fh))
                 kv_tokens, kv_raw = len(header.get("tokens", [])), int(header.get("raw_bytes", 0))
                 kv_bytes = (path / KV).stat().st_size
-            return StoreEntry(session_id, str(session["tenant"]), float(session["last_used"]), kv_tokens,
-                              (path / META).stat().st_size, kv_bytes, kv_raw)
+            return StoreEntry(session_id, *_described(session), kv_tokens, (path / META).stat().st_size, kv_bytes,
+                              kv_raw)
         except (StoreCorrupt, KeyError, TypeError, ValueError, OSError) as exc:
             if path.exists():
                 log.warning("session %s: stored session ignored (%s); it will be served by full prefill",

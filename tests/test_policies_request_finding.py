@@ -216,3 +216,16 @@ def test_long_task_keeps_its_subject_and_its_last_words() -> None:
     assert "QuerySet.union breaks ordering" in scored  # the title, which a tail-only cut loses
     assert "Please fix compile_union." in scored  # ... and its ask (the tool call follows it)
     assert words(scored) <= 64
+
+
+def test_a_system_prompt_cut_to_fit_is_ranked_against_the_user_text_after_it() -> None:
+    """Claude Code's safety classifier: a ~141K-character system prompt of rules, then the
+    transcript to judge. Only a one-shot request that cannot fit whole has its system text cut;
+    the rules that matter are those about what follows."""
+    rules = "\n".join(f"Rule {i}: never run command number {i}." for i in range(50))
+    msgs = [Message("system", rules), Message("user", "The agent wants to run `rm -rf build`. Block it?")]
+    r = find_request(msgs, 0, words)
+    assert r.scored == msgs[1].content and r.pinned_lines is None
+    assert find_request([Message("system", rules)], 0, words).scored.startswith("Rule 0:")  # nothing after it
+    with pytest.raises(ValueError, match="tool, user or system"):
+        find_request([Message("assistant", "x")], 0, words)

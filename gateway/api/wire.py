@@ -86,6 +86,8 @@ def session_hints(body: Mapping[str, Any], headers: Mapping[str, str]) -> Sessio
         prompt_cache_key=text(body.get("prompt_cache_key")),
         metadata_user_id=text(metadata.get("user_id")) if isinstance(metadata, dict) else None,
         user=text(body.get("user")),
+        agent_id=text(headers.get("x-claude-code-agent-id")),
+        thread_id=text(headers.get("thread-id")),
     )
 
 
