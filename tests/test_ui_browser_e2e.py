@@ -224,3 +224,43 @@ def test_keys_keep_tenants_apart_in_the_browser(start_gateway, browser: Browser)
     page.wait_for_selector("#session:not([hidden])")
     assert "Name a tree." in (page.text_content("#transcript") or "")
     assert browser.dialogs == []
+
+
+def test_a_session_shows_its_conversations_and_each_ones_turns(gateway: Gateway, browser: Browser,
+                                                                tmp_path: Path) -> None:
+    """Claude Code's shape through the real engine: two main turns with a sub-agent turn between
+    them, under one session id. The page lists the session once, with its two conversations; the
+    sub-agent's row shows its own turn."""
+    name = "cc-" + uuid.uuid4().hex[:8]
+    agent = "a" + uuid.uuid4().hex[:16]
+
+    def turn(messages: list[dict[str, str]], system: str, extra: dict[str, str] | None = None) -> httpx.Response:
+        reply = httpx.post(gateway.url + "/v1/messages", timeout=120, json={
+            "model": "m", "max_tokens": 2, "system": system, "messages": messages,
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}}]},
+            headers={"X-Claude-Code-Session-Id": name, **(extra or {})})
+        assert reply.status_code == 200, reply.text
+        return reply
+
+    turn([{"role": "user", "content": "List the files."}], "You are the main agent.")
+    assert turn([{"role": "user", "content": "ls"}], "You are a sub-agent.",
+                {"x-claude-code-agent-id": agent}).headers["X-PFlash-Branch"] == f"agent agent:{agent}"
+    turn([{"role": "user", "content": "List the files."}, {"role": "assistant", "content": "calc.py"},
+          {"role": "user", "content": "Thanks."}], "You are the main agent.")
+    root = session_hash("", name)
+
+    page = browser.page
+    page.goto(gateway.url + "/ui")
+    page.wait_for_selector(f'#sessions tbody tr[data-id="{root}"]')
+    assert "main + 1 agent" in (page.text_content(f'#sessions tbody tr[data-id="{root}"]') or "")
+    page.click(f'#sessions tbody tr[data-id="{root}"]')
+    page.wait_for_selector("#session:not([hidden]) #branches tbody tr")
+    rows = page.eval_on_selector_all("#branches tbody tr", "els => els.map(e => [e.dataset.kind, e.textContent])")
+    assert [kind for kind, _ in rows] == ["main", "agent"] and agent in rows[1][1]
+    assert page.locator("#turns tbody tr").count() == 2  # the main agent's two turns
+    page.click('#branches tbody tr[data-kind="agent"]')
+    page.wait_for_selector("#turns-of:has-text('agent')")
+    assert page.locator("#turns tbody tr").count() == 1
+    assert "ls" in (page.text_content("#transcript") or "")
+    page.screenshot(path=str(tmp_path / "conversations.png"), full_page=True)
+    assert browser.dialogs == [] and browser.errors == []

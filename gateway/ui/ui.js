@@ -7,7 +7,8 @@
   const KEY = "pflash-admin-key";
   const REFRESH_MS = 3000;
   const $ = (id) => document.getElementById(id);
-  const state = { sessions: [], sort: { key: "last_used", desc: true }, open: null, shown: "", transcript: [] };
+  const state = { sessions: [], sort: { key: "last_used", desc: true }, open: null, branch: null, shown: "",
+    transcript: [] };
   let timer = null;
 
   // --- small helpers ------------------------------------------------------------------------------
@@ -98,7 +99,15 @@
   }
 
   // --- sessions table -------------------------------------------------------------------------------
-  const sortValue = (row, key) => (key === "kv_bytes" ? row.ram_bytes || row.disk_bytes : row[key]);
+  // "main + 2 agent + 1 side": the conversations under one session id, by kind.
+  function conversations(row) {
+    const counts = {};
+    for (const b of row.branches || []) counts[b.kind] = (counts[b.kind] || 0) + 1;
+    return ["main", "agent", "side", "fork"].filter((k) => counts[k])
+      .map((k) => (k === "main" && counts[k] === 1 ? k : counts[k] + " " + k)).join(" + ");
+  }
+  const sortValue = (row, key) => (key === "kv_bytes" ? row.ram_bytes || row.disk_bytes
+    : key === "conversations" ? (row.branches || []).length : row[key]);
 
   function renderSessions() {
     const { key, desc } = state.sort;
@@ -113,7 +122,7 @@
       tr.append(
         el("td", "mono", row.id.slice(0, 12)), el("td", "", row.client_key ?? ""), el("td", "tier-" + row.tier, row.tier),
         el("td", "num", num(row.tokens)), el("td", "num", bytes(sortValue(row, "kv_bytes"))),
-        el("td", "num", ago(row.last_used)), el("td", "num", row.turns ?? "–"),
+        el("td", "num", ago(row.last_used)), el("td", "num", row.turns ?? "–"), el("td", "", conversations(row)),
       );
       tr.addEventListener("click", () => { location.hash = "session=" + row.id; });
       return tr;
@@ -138,6 +147,23 @@
   }
 
   // --- one session ----------------------------------------------------------------------------------
+  const branchName = (b) => b.kind + (b.hint ? " " + b.hint.replace(/^(agent|thread):/, "") : "");
+
+  function renderBranches(branches, showing) {
+    $("branches").tBodies[0].replaceChildren(...branches.map((b) => {
+      const tr = el("tr", b.id === showing ? "selected" : "");
+      tr.dataset.id = b.id;
+      tr.dataset.kind = b.kind;
+      tr.append(
+        el("td", "", branchName(b)), el("td", "tier-" + b.tier, b.tier), el("td", "num", num(b.tokens)),
+        el("td", "num", bytes(b.ram_bytes || b.disk_bytes)), el("td", "num", b.turns ?? "–"),
+        el("td", "num", ago(b.last_used)),
+      );
+      tr.addEventListener("click", () => { state.branch = b.id; state.shown = ""; loadSession(state.open); });
+      return tr;
+    }));
+  }
+
   function compressionText(c) {
     if (!c) return "";
     if (!c.compressed) return "served whole (" + c.reason + ")";
@@ -232,16 +258,22 @@
   }
 
   async function loadSession(id) {
+    const root = await api("/v1/sessions/" + encodeURIComponent(id));
+    const branches = root.branches || [];
+    const showing = branches.some((b) => b.id === state.branch) ? state.branch : root.id;
     const [session, transcript] = await Promise.all([
-      api("/v1/sessions/" + encodeURIComponent(id)),
-      api("/v1/sessions/" + encodeURIComponent(id) + "/transcript"),
+      showing === root.id ? root : api("/v1/sessions/" + showing),
+      api("/v1/sessions/" + encodeURIComponent(showing) + "/transcript"),
     ]);
-    const shown = JSON.stringify([session.turn_log, session.compressed, transcript.messages.length]);
+    const shown = JSON.stringify([showing, branches, session.turn_log, session.compressed, transcript.messages.length]);
     if (shown === state.shown) return; // unchanged: keep the open band and scroll position
     state.shown = shown;
     state.transcript = transcript.messages;
-    $("session-id").textContent = session.id.slice(0, 16);
-    $("session-client").textContent = session.client_key ? "client id " + session.client_key : "";
+    $("session-id").textContent = root.id.slice(0, 16);
+    $("session-client").textContent = root.client_key ? "client id " + root.client_key : "";
+    renderBranches(branches, showing);
+    const branch = branches.find((b) => b.id === showing);
+    $("turns-of").textContent = branch ? "of " + branchName(branch) : "";
     renderTurns(session.turn_log);
     $("strips").replaceChildren(...session.compressed.map(renderStrip));
     if (!session.compressed.length) $("strips").append(el("p", "muted", "nothing compressed in this session"));
@@ -253,6 +285,7 @@
   async function openFromHash() {
     const match = /^#session=([0-9A-Za-z._:-]+)$/.exec(location.hash);
     state.open = match ? match[1] : null;
+    state.branch = null;
     state.shown = "";
     $("session").hidden = true;
     renderSessions();
