@@ -1,4 +1,5 @@
-"""What the installed llama.cpp build does on this CPU: one known crash to warn of.
+"""What the installed llama.cpp build is: the llama-cpp-python release whose internals the engine
+uses, and one known crash to warn of on this CPU.
 
 llama.cpp's AMX matrix multiply segfaults on the first prefill on Sapphire Rapids Xeons
 (ggml-org/llama.cpp#20824, measured here with Gemma 3 270M and Qwen2.5 Q4_K_M). The project's
@@ -12,6 +13,25 @@ from pathlib import Path
 AMX_WARNING = ("llama.cpp was built with AMX on a CPU that has it: its AMX matrix multiply crashes on the first "
                "prefill on Sapphire Rapids Xeons (ggml-org/llama.cpp#20824); rebuild it without AMX: "
                "`make clean install` (scripts/bootstrap.sh builds with -mno-amx-*)")
+
+
+# The engine reaches past llama-cpp-python's public API (its context object, per-sequence state,
+# llama_memory_seq_*), measured with this release. pyproject.toml pins the same range.
+LLAMA_CPP_RELEASE = (0, 3, 36)
+
+
+def unsupported_llama_cpp(version: str) -> str | None:
+    """Why an installed llama-cpp-python release cannot serve (None when it can): the same 0.3
+    series, at least the release the engine was written against (`~=0.3.36`)."""
+    try:
+        parts = tuple(int(p) for p in version.split("+")[0].split(".")[:3])
+    except ValueError:
+        return f"llama-cpp-python {version!r} is not a release number"
+    if parts[:2] != LLAMA_CPP_RELEASE[:2] or parts < LLAMA_CPP_RELEASE:
+        wanted = ".".join(map(str, LLAMA_CPP_RELEASE))
+        return (f"llama-cpp-python {version} is installed; the engine uses internals of ~={wanted} "
+                f"(pip install 'llama-cpp-python~={wanted}', or `make clean install`)")
+    return None
 
 
 def cpu_flags() -> str:

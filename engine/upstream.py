@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -295,7 +296,7 @@ class UpstreamEngine:
                 if data.get("error"):
                     error = data["error"]
                     message = str(error.get("message") if isinstance(error, dict) else error)
-                    if _is_overflow(message):
+                    if _is_overflow(error):
                         raise EngineRejected(400, message, "context_length_exceeded")
                     raise EngineRejected(502, f"upstream error mid-answer: {message}")
                 usage = data.get("usage") or usage
@@ -360,19 +361,36 @@ class UpstreamEngine:
         raise EngineUnavailable(f"upstream {self._base} unreachable")
 
 
-def _is_overflow(message: str) -> bool:
-    lowered = message.lower()
-    return "context" in lowered or "too long" in lowered or "maximum" in lowered
+# What servers call a prompt over the context: OpenAI's code, llama.cpp server's type.
+_OVERFLOW_CODES = {"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded"}
+# Only for an error that names no such code (vLLM's and SGLang's say it in words): the phrases
+# they use, never a bare "maximum" or "too long" ("maximum number of tools exceeded" is not one).
+_OVERFLOW_WORDS = re.compile(r"context (?:length|window|size)|maximum context|prompt is too long|"
+                             r"too many (?:input )?tokens|exceeds? (?:the )?(?:available )?context", re.I)
+
+
+def _is_overflow(error: object) -> bool:
+    """Whether an upstream error (its `error` object, or its text) says the prompt is over the
+    context: by its code or type first, by its wording only when it names no code."""
+    if isinstance(error, dict):
+        code, kind = error.get("code"), error.get("type")
+        if code in _OVERFLOW_CODES or kind in _OVERFLOW_CODES:
+            return True
+        if isinstance(code, str) and code:
+            return False  # a code of its own (OpenAI's are specific); a `type` is only a class of error
+        error = error.get("message") or ""
+    return bool(_OVERFLOW_WORDS.search(str(error)))
 
 
 def _rejection(status: int, text: str) -> EngineRejected:
+    error: object = {}
     try:
         error = json.loads(text).get("error") or {}
         message = error.get("message") if isinstance(error, dict) else str(error)
     except (ValueError, AttributeError):
         message = text[:500]
     message = message or f"upstream answered {status}"
-    if status in (400, 413) and _is_overflow(message):
+    if status in (400, 413) and _is_overflow(error if isinstance(error, dict) and error else message):
         return EngineRejected(400, message, "context_length_exceeded")
     if status in (401, 403):
         # The gateway's own credentials or configuration, not the client's request.

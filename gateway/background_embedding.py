@@ -29,6 +29,9 @@ log = logging.getLogger("pflash.background")
 
 CHUNK_UNITS = 4  # ≤ 512 word pieces: ~0.1 s on two idle cores, what a new turn may wait for
 IDLE_POLL_SECONDS = 0.05
+# Jobs waiting at most (each holds a compressed message's unit texts): under a burst of long outputs
+# with the engine never idle, the oldest waiting job is dropped; its message keeps BM25 at the gate.
+MAX_QUEUED_JOBS = 64
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,15 @@ class BackgroundEmbedder:
     """One worker task on the event loop; the encoder runs in a thread, one chunk at a time."""
 
     def __init__(self, dense: EmbeddingScorer, registry: SessionRegistry, idle: Callable[[], bool],
-                 chunk_units: int = CHUNK_UNITS) -> None:
+                 chunk_units: int = CHUNK_UNITS, max_queued: int = MAX_QUEUED_JOBS) -> None:
         self.dense = dense
         self.registry = registry
         self.idle = idle
         self.chunk_units = max(1, chunk_units)
         self.counters: dict[str, float] = {"background_jobs": 0, "background_units_embedded": 0,
-                                           "background_seconds": 0.0, "background_failures": 0}
-        self._queue: asyncio.Queue[EmbeddingJob] = asyncio.Queue()
+                                           "background_seconds": 0.0, "background_failures": 0,
+                                           "background_dropped": 0}
+        self._queue: asyncio.Queue[EmbeddingJob] = asyncio.Queue(maxsize=max(1, max_queued))
         self._task: asyncio.Task[None] | None = None
         self._running = 0  # jobs taken off the queue and not finished
 
@@ -62,6 +66,9 @@ class BackgroundEmbedder:
             self._task = None
 
     def submit(self, record: SessionRecord, units: Sequence[str]) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()  # the oldest waiting job: its message keeps BM25 at the gate
+            self.counters["background_dropped"] += 1
         self._queue.put_nowait(EmbeddingJob(record, tuple(units)))
 
     @property

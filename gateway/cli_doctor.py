@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
-from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info
+from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
 from gateway.config import Settings
 from policies.recall import context_questions_for
 
@@ -70,6 +70,8 @@ def check_llama() -> Check:
     except Exception as exc:  # an ImportError, or a shared library that fails to load
         return Check("llama-cpp-python", "FAIL", f"cannot import llama_cpp: {exc}")
     version = getattr(llama_cpp, "__version__", "?")
+    if (problem := unsupported_llama_cpp(str(version))) is not None:
+        return Check("llama-cpp-python", "FAIL", problem)
     try:
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
     except Exception:

@@ -207,6 +207,9 @@ def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
     yield prefill
     if "completion_tokens" in engine:
         yield _counter("pflash_completion_tokens", "Tokens generated.", engine["completion_tokens"])
+    if "repetition_stops" in engine:
+        yield _counter("pflash_repetition_stops", "Answers ended because they repeated one line "
+                       "(repeated_line_stop times in a row).", engine["repetition_stops"])
     restores = _counter("pflash_kv_restores", "Session KV states restored into the context, by tier.", labels=["tier"])
     for tier in ("ram", "disk"):
         restores.add_metric([tier], engine.get(f"restores_{tier}", 0.0))
@@ -346,6 +349,9 @@ def _turn_metrics(t: dict[str, float], scorer: str) -> Iterator[Metric]:
                    t.get("background_seconds", 0.0))
     yield _counter("pflash_background_embedding_failures", "Background embedding jobs that failed (BM25 at the gate).",
                    t.get("background_failures", 0.0))
+    yield _counter("pflash_background_embedding_dropped", "Background embedding jobs dropped while waiting, the "
+                   "oldest first, to keep the queue bounded (BM25 at the gate for their messages).",
+                   t.get("background_dropped", 0.0))
     yield GaugeMetricFamily("pflash_background_embedding_pending", "Background embedding jobs queued or running.",
                             value=t.get("background_pending", 0.0))
     yield from _branch_metrics(t)

@@ -25,7 +25,7 @@ from gateway.background_embedding import BackgroundEmbedder
 from gateway.branches import BranchRouter, BranchTurn
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
-from gateway.recall import RecallGate, RecallReport, recalled_turn
+from gateway.recall import RecallGate, RecallReport, recalled_turn, turn_key
 from policies.admission import COMPRESSIBLE_ROLES, ONE_SHOT_ROLES, admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
@@ -294,13 +294,13 @@ class TurnService:
                         await self.registry.save_record(turn.branch.root)
                 yield event
         finally:
-            self.finish(turn)
             # Closing this turn closes the engine's turn now (it stops at its next token), not
             # whenever the garbage collector finalizes the engine's generator. A turn that ends
             # early leaves the record as it was: only a Finished turn is remembered.
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
+            self.finish(turn)  # then the branch's next turn may start
             if self.background is not None:
                 if turn.compression is not None and turn.compression.compressed:
                     self.background.submit(turn.record, turn.compression.unit_texts)
@@ -318,6 +318,9 @@ class TurnService:
 
     def _remember(self, turn: Turn, text: str, calls: tuple[ToolCall, ...], finished: Finished) -> None:
         self.branches.served(turn.branch, finished.usage.prompt_tokens)
+        sent = turn.conversation.messages  # kept maps go by content, recalled turns by position and content
+        turn.record.forget_all_but({content_hash(m.content) for m in sent}
+                                   | {turn_key(i, m.content) for i, m in enumerate(sent)})
         served = [*turn.prompt.messages, Message("assistant", text, calls)]
         usage = finished.usage
         turn.record.note_served(

@@ -1,8 +1,9 @@
 """Conversation branches inside one session: which branch a request continues. Pure, no I/O.
 
-Real agents send several conversations under one session id (captures/README.md): Claude Code's
-main agent, its sub-agents (header `x-claude-code-agent-id`) and side requests (a title, the
-auto-mode safety classifier); Codex's main thread and the threads it spawns (`thread-id`). Each
+Real agents send several conversations under one session id (tests/test_captures_e2e.py replays
+them): Claude Code's main agent, its sub-agents (header `x-claude-code-agent-id`) and side requests
+(a title, the auto-mode safety classifier); Codex's main thread and the threads it spawns
+(`thread-id`). Each
 conversation is a branch with its own KV state and kept-line maps, so a sub-agent's turn between
 two main turns costs the main agent nothing.
 

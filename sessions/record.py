@@ -133,6 +133,22 @@ class SessionRecord:
                 self.log_turn(turn)
             self.version += 1
 
+    def forget_all_but(self, history: set[str]) -> None:
+        """Drop the kept-line maps and recall entries of messages no longer in the conversation
+        (`history`: the keys of the messages the client sent, by content for kept maps, by turn
+        for recalls): an agent that compacted its history never resends them, and the record stays
+        the size of what it still serves."""
+        with self._lock:
+            gone = [h for h in self.kept_maps if h not in history]
+            stale = [e for e in self.recall_log if e.turn_hash not in history]
+            if not gone and not stale:
+                return
+            for key in gone:
+                del self.kept_maps[key]
+                self.map_labels.pop(key, None)
+            self.recall_log = [e for e in self.recall_log if e.turn_hash in history]
+            self.version += 1
+
     def log_turn(self, entry: dict[str, Any]) -> None:
         with self._lock:
             self.turn_log.append(entry)

@@ -84,7 +84,8 @@ class SessionRegistry:
         # The first resume after a restart writes into memory touched now, not at its first token.
         self.store.buffers.warm(max((e.kv_raw_bytes for e in entries.values()), default=0))
         self.counters: dict[str, int] = {"spills": 0, "store_errors": 0, "records_evicted": 0,
-                                         "side_states_stashed": 0, "side_states_spilled": 0}
+                                         "side_states_stashed": 0, "side_states_spilled": 0,
+                                         "writes_after_delete": 0}
 
     # --- the I/O thread ----------------------------------------------------------------------------
     async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -189,7 +190,13 @@ class SessionRegistry:
                 self._evict_records()
 
     def _write_record(self, record: SessionRecord, force: bool) -> None:
-        """On the I/O thread: write the record's snapshot if it changed since the last write."""
+        """On the I/O thread: write the record's snapshot if it changed since the last write, and
+        only while it is its session's live record: a turn that finishes after its session was
+        deleted (or replaced) must not bring it back."""
+        with self._lock:
+            if record.session_id in self._deleted or self._live.get(record.session_id) is not record:
+                self.counters["writes_after_delete"] += 1
+                return
         version, data = record.snapshot()
         if not force and self._written.get(record.session_id) == version and self.store.has(record.session_id):
             return

@@ -22,6 +22,7 @@ from gateway.config import Settings
 from gateway.turns import TurnService
 from policies.branches import BranchView, choose_branch, is_side_request, message_digest, request_digests
 from policies.conversation import Conversation, Finished, Message, SessionHints, ToolCall, ToolSpec
+from sessions.identity import resolve_session
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
 from tests.fake_engine import FakeEngine
@@ -329,3 +330,53 @@ def test_a_side_requests_state_leaves_ram_first(tmp_path: Path) -> None:
     assert tiers == {"a": "ram", "b": "ram", "c": "disk"}
     assert registry.counters["side_states_spilled"] == 1 and registry.counters["side_states_stashed"] == 1
     registry.close()
+
+
+async def test_a_session_deleted_while_its_turn_runs_stays_deleted(tmp_path: Path) -> None:
+    """The turn's write-ahead comes after the DELETE: it must not bring the session (or its
+    branches' list) back, in memory or on disk."""
+    engine = GatedEngine()
+    engine.gate.set()
+    client = await start_app(tmp_path, engine)
+    try:
+        assert (await client.post("/v1/messages", json=anthropic_body("main", "q"), headers=CLAUDE)).status == 200
+        engine.gate.clear()
+        running = asyncio.ensure_future(client.post("/v1/messages", json=anthropic_body("main", "q", "ok", "more"),
+                                                    headers=CLAUDE))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if engine.live:
+                break
+        assert (await client.delete("/v1/sessions/cc-1")).status == 200
+        engine.gate.set()
+        assert (await running).status == 200
+        await asyncio.sleep(0.2)
+        assert (await client.get("/v1/sessions/cc-1")).status == 404
+        assert (await (await client.get("/v1/sessions")).json())["data"] == []
+        assert not any(p.is_dir() for p in (tmp_path / "sessions").glob("*/*"))
+    finally:
+        await client.close()
+
+
+def test_a_compacted_history_takes_its_kept_maps_with_it() -> None:
+    """Kept-line maps live as long as their message is still sent: after the agent compacts its
+    history (the log no longer resent), the record forgets the log's map."""
+    scripts = conversations()["main"]
+    with tempfile.TemporaryDirectory() as tmp:
+        turns, _engine, registry = service(Path(tmp))
+
+        async def play() -> tuple[int, int]:
+            for conv in scripts[:2]:
+                await run_turn(turns, conv)
+            record = await registry.find(resolve_session(scripts[0], "").session_id, "")
+            assert record is not None
+            before = len(record.kept_maps)
+            compacted = Conversation((Message("system", "You are the main agent."),
+                                      Message("user", "Summary: the build failed on module 7. Go on.")), READ,
+                                     hints=scripts[0].hints)
+            await run_turn(turns, compacted)
+            return before, len(record.kept_maps)
+
+        before, after = asyncio.run(play())
+        registry.close()
+    assert (before, after) == (1, 0)

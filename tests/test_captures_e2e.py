@@ -17,6 +17,7 @@ capture stub's answer, not the model's, so what the model said is rolled back ei
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,16 @@ import pytest
 
 from tests.conftest import ROOT, Gateway
 
-CAPTURES = ROOT.parent / "shared" / "captures"
+# Beside the checkout, as the evaluation data is; PFLASH_CAPTURES_DIR for a checkout elsewhere.
+CAPTURES = Path(os.environ.get("PFLASH_CAPTURES_DIR") or ROOT.parent / "shared" / "captures")
 ANSWER_TOKENS = 6
 SKIPPED_HEADERS = {"host", "content-length", "accept-encoding", "authorization", "connection"}
 
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.timeout(1800),
-    pytest.mark.skipif(not CAPTURES.is_dir(), reason=f"no captures at {CAPTURES} (../shared/captures)"),
+    pytest.mark.skipif(not CAPTURES.is_dir(), reason=f"no captures at {CAPTURES} (../shared/captures beside the "
+                                                      "checkout, or PFLASH_CAPTURES_DIR)"),
 ]
 
 
