@@ -21,19 +21,18 @@ from gateway.process import GatewayProcess
 TITLE = "Real clients: Claude Code and Codex CLI"
 CLAUDE = "@anthropic-ai/claude-code@2.1.328"
 CODEX = "@openai/codex@0.169.0"
-ANSWER_LIMIT = 256  # --max-tokens-limit: Claude Code asks for 32,000 tokens a turn
+ANSWER_LIMIT = 1024  # --max-tokens-limit: Claude Code asks for 32,000 tokens a turn
 INVOCATION_TIMEOUT_S = 1200
-# Measured while building this section (the same prompt sent by hand, 3,000 tokens allowed): the
-# base model repeats one line until the limit and never ends its turn.
+# Measured while building this section, by hand on captures/claude/001: the base model echoes the
+# system prompt, then repeats one line; with 3,000 tokens allowed and no loop guard it ran to the
+# limit (`max_tokens`, which Claude Code answers with "Output token limit hit. Resume directly",
+# three times, then exit 1); repeated_line_stop (default 32) ended it at 507 tokens, `end_turn`.
 BASE_MODEL_NOTE = (
-    "Why a client can fail here: Gemma 3 270M is a base model. On Claude Code's prompt it repeats a line "
-    "until the answer limit and never ends its turn (measured by hand with 3,000 tokens allowed: 3,000 "
-    "tokens, `max_tokens`). Claude Code answers a `max_tokens` stop with \"Output token limit hit. Resume "
-    "directly\", three times, then exits 1 (`max_output_tokens`); a stop reported as `end_turn` would "
-    "hide the cut, so the gateway does not. The served default, Qwen2.5-Coder-0.5B-Instruct, does end its "
-    "turns but calls a tool that does not exist (`gitStatus`, from the git status in Claude Code's "
-    "reminder) until `--max-turns` (tried by hand, 6 turns, 3.5 minutes). Neither is the gateway's "
-    "doing: every request got a 200 and its conversation's cache.")
+    "Why a client can fail here: Gemma 3 270M is a base model. On Claude Code's prompt it echoes the system "
+    "prompt, then repeats one line; the gateway ends such an answer after 32 repeats (`repeated_line_stop`), "
+    "else it runs to the limit and Claude Code, on `max_tokens`, asks three times to resume, then exits 1. "
+    "The served default, Qwen2.5-Coder-0.5B-Instruct, ends its turns but (tried by hand) calls a tool that "
+    "does not exist (`gitStatus`, from the git status in Claude Code's reminder) until `--max-turns`.")
 GOAL_REUSE = 0.95  # the second invocation's first main request reuses the first's prompt
 CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 

@@ -37,7 +37,8 @@ from engine.base import (
 from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
 from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
 from engine.grammar_sampler import GrammarSampler
-from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info
+from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
+from engine.loop_guard import LoopGuard
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
@@ -66,6 +67,7 @@ class LlamaOptions:
     chat_template: str | None = None
     seed: int = 0
     queue_size: int = 16
+    repeated_line_stop: int = 0  # an answer repeating one line this many times ends (0: never)
 
 
 @dataclass(eq=False)  # hashed by identity: the engine keeps a set of live jobs
@@ -104,6 +106,9 @@ class LlamaEngine:
     def __init__(self, options: LlamaOptions, tier: StateTier | None = None) -> None:
         import llama_cpp  # imported here so the rest of the gateway works without it
 
+        problem = unsupported_llama_cpp(str(getattr(llama_cpp, "__version__", "?")))
+        if problem is not None:
+            raise RuntimeError(problem)
         self._lib = llama_cpp
         self._opts = options
         self._tier = tier
@@ -148,7 +153,7 @@ class LlamaEngine:
         self._counters: dict[str, float] = {
             "prefill_tokens_evaluated": 0, "prefill_tokens_reused": 0, "restore_failures": 0,
             "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0, "prefix_reuse_refused": 0,
-            "prefills_cancelled": 0, "states_kept_after_failure": 0,
+            "prefills_cancelled": 0, "states_kept_after_failure": 0, "repetition_stops": 0,
         }
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
                  self.template.sha256[:12])
@@ -361,6 +366,7 @@ class LlamaEngine:
         llm = self._llm
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(job.params.stop)
+        loop = LoopGuard(self._opts.repeated_line_stop)
         produced = 0
         finish = "length"
         while produced < job.max_new:
@@ -376,6 +382,12 @@ class LlamaEngine:
             if text:
                 job.emit(_RawText(text))
             if stops.hit is not None:
+                finish = "stop"
+                break
+            if loop.feed(text):  # one line over and over: the answer is done (engine/loop_guard.py)
+                self._counters["repetition_stops"] += 1
+                log.info("session %s: answer ended after one line repeated %d times", job.session_id[:12],
+                         loop.limit)
                 finish = "stop"
                 break
             if produced < job.max_new:

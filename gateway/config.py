@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     cache_type_v: KvType = Field("f16", description="KV cache type for values.")
     seed: int = Field(0, description="Sampling seed used when the request gives none.")
     default_max_tokens: int = Field(1024, ge=1, description="Completion limit when a request gives none.")
+    repeated_line_stop: int = Field(
+        32, ge=0, description="An answer that repeats one line this many times in a row ends there, as a stop "
+        "(a small model's loop would run to max_tokens while every other session waits); 0: never.",
+    )
     max_tokens_limit: int | None = Field(
         None, ge=1, description="Most tokens one answer may have, whatever the request asks (Claude Code asks for "
         "32,000: minutes of a small CPU's time if the model rambles); default: no limit but the context.",

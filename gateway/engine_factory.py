@@ -36,6 +36,7 @@ def build_engine(settings: Settings) -> Engine:
         chat_template=settings.chat_template,
         seed=settings.seed,
         queue_size=settings.queue_size,
+        repeated_line_stop=settings.repeated_line_stop,
     )
     return LlamaEngine(options)
 

@@ -177,3 +177,18 @@ def test_context_overflow_is_400_before_any_work(gateway: Gateway) -> None:
         client(gateway).chat.completions.create(model="m", messages=[{"role": "system", "content": words}, {"role": "user", "content": "hi"}], max_tokens=4)
     assert info.value.code == "context_length_exceeded"
     assert info.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_an_answer_looping_on_one_line_ends_as_a_stop(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Through the real engine: the base model shown a line forty times repeats one line; with
+    repeated_line_stop 6 the answer ends after six of them, well inside max_tokens, as a stop."""
+    server = start_gateway("--repeated-line-stop", "6")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(model="m", max_tokens=300, temperature=0,
+                                           messages=[{"role": "user", "content": "ok\n" * 40}])
+    assert reply.choices[0].finish_reason == "stop" and reply.usage is not None
+    assert reply.usage.completion_tokens < 300
+    lines = [line.strip() for line in (reply.choices[0].message.content or "").splitlines() if line.strip()]
+    assert len(lines) >= 6 and len(set(lines[-6:])) == 1  # it stopped on the sixth of one line
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    assert "pflash_repetition_stops_total 1.0" in metrics
