@@ -27,10 +27,12 @@ INVOCATION_TIMEOUT_S = 1200
 # system prompt, then repeats one line; with 3,000 tokens allowed and no loop guard it ran to the
 # limit (`max_tokens`, which Claude Code answers with "Output token limit hit. Resume directly",
 # three times, then exit 1); repeated_line_stop (default 32) ended it at 507 tokens, `end_turn`.
+# Sampled at Claude Code's temperature its loops vary a little from line to line, and run on.
 BASE_MODEL_NOTE = (
     "Why a client can fail here: Gemma 3 270M is a base model. On Claude Code's prompt it echoes the system "
-    "prompt, then repeats one line; the gateway ends such an answer after 32 repeats (`repeated_line_stop`), "
-    "else it runs to the limit and Claude Code, on `max_tokens`, asks three times to resume, then exits 1. "
+    "prompt, then loops: when on one exact line the gateway ends the answer after 32 repeats "
+    "(`repeated_line_stop`, as a stop); when on long lines that vary a little, it runs to the answer limit, and "
+    "Claude Code, on `max_tokens`, asks three times to resume, then exits 1. "
     "The served default, Qwen2.5-Coder-0.5B-Instruct, ends its turns but (tried by hand) calls a tool that "
     "does not exist (`gitStatus`, from the git status in Claude Code's reminder) until `--max-turns`.")
 GOAL_REUSE = 0.95  # the second invocation's first main request reuses the first's prompt
