@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import shlex
@@ -50,6 +51,11 @@ SUITES = {
 }
 OUTPUT = ROOT / "BENCHMARKS.md"
 QUICK_DIR = ROOT / "benchmarks" / ".cache" / "quick"  # smoke runs: never published
+# Tuning runs on the train or validation split: never published either.
+SPLIT_DIR = ROOT / "benchmarks" / ".cache" / "split-{split}"
+# Sections that read the frozen test split's evidence; each read is logged (honest splits).
+TEST_SPLIT_READERS = frozenset(SUITES["quality"])
+TEST_SPLIT_READS = ROOT / "benchmarks" / "results" / "test_split_reads.json"
 # What a run itself rewrites: a tree that differs only there is still the commit it says.
 OUTPUT_PATHS = ("BENCHMARKS.md", "benchmarks/results/", "benchmarks/plots/")
 STAMPED = "at commit `"  # in every section's run line (`at {TreeState.stamp}`) since runs are stamped
@@ -153,8 +159,18 @@ def quiet_enough(wait_s: float = LOAD_WAIT_S) -> float:
     return os.getloadavg()[0]
 
 
+def log_test_split_read(name: str, tree: TreeState) -> int:
+    """Append this run's read of the test split by section `name`; how many reads it has had."""
+    path = TEST_SPLIT_READS
+    doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"reads": []}
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    doc["reads"].append({"section": name, "commit": tree.stamp, "at": when, "published": None})
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return sum(1 for r in doc["reads"] if r["section"] == name)
+
+
 def render_section(name: str, section: Section, command: str, seconds: float, load: float, tree: TreeState,
-                   quick: bool = False) -> str:
+                   quick: bool = False, test_reads: int | None = None) -> str:
     when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     cores = os.cpu_count() or 1
     # The load average says whether other work shared the cores: timings depend on it.
@@ -164,6 +180,9 @@ def render_section(name: str, section: Section, command: str, seconds: float, lo
         busy += " **A `--quick` smoke run: small inputs, not for publication.**"
     run_line = (f"_Produced by `{command}` at {tree.stamp} on {when}; {machine_line()}; load average "
                 f"{load:.2f} when it started; section took {seconds:.0f} s. Model: {section.model}._{busy}")
+    if test_reads is not None:
+        run_line += (f" This run is read {test_reads} of the frozen test split by this section "
+                     "(benchmarks/results/test_split_reads.json lists them all).")
     body = section.markdown.strip()
     missing = [p.name for p in section.plots if f"plots/{p.name}" not in body]
     links = "".join(f"\n\n![{p.stem}](benchmarks/plots/{p.name})" for p in section.plots if p.name in missing)
@@ -216,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
                                   "scorers": tuple(n for n in args.scorers.split(",") if n) or None}
     if args.data_dir is not None:
         ctx_kwargs["data_dir"] = args.data_dir.resolve()
-    if args.quick:
-        ctx_kwargs |= {"results_dir": QUICK_DIR / "results", "plots_dir": QUICK_DIR / "plots"}
+    private = QUICK_DIR if args.quick else (Path(str(SPLIT_DIR).format(split=args.split)) if args.split != "test" else None)
+    if private is not None:
+        ctx_kwargs |= {"results_dir": private / "results", "plots_dir": private / "plots"}
     ctx = BenchContext(**ctx_kwargs)
-    output = QUICK_DIR / "BENCHMARKS.md" if args.quick else OUTPUT
+    output = private / "BENCHMARKS.md" if private is not None else OUTPUT
     started = time.perf_counter()
     for name in ctx.progress(names, "sections"):
         if not module_exists(name):
@@ -228,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         load = quiet_enough(0 if args.quick else LOAD_WAIT_S)
         print(f"[bench] {name} (load {load:.2f}) ...", file=sys.stderr, flush=True)
         section, seconds = run_section(name, ctx)
+        reads = log_test_split_read(name, tree) if private is None and name in TEST_SPLIT_READERS else None
         (ctx.results_dir / f"{name}.md").write_text(
-            render_section(name, section, command, seconds, load, tree, args.quick), encoding="utf-8")
+            render_section(name, section, command, seconds, load, tree, args.quick, reads), encoding="utf-8")
         print(f"[bench] {name}: {seconds:.1f} s", file=sys.stderr, flush=True)
     output.write_text(assemble(ctx.results_dir, command, time.perf_counter() - started, tree), encoding="utf-8")
     print(f"[bench] wrote {output}", file=sys.stderr)

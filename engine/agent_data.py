@@ -162,6 +162,9 @@ class LongOutput:
     thought: str  # the asking turn's words ("" for a session log)
     command: str  # the asking turn's command ("" for a session log)
     weak: list[bool]  # per line: used later by the agent (own lines only)
+    # A tool output's session before it, as mini-swe-agent sent it: (role, content) messages, the
+    # earlier outputs as user messages, ending with the asking turn.
+    history: tuple[tuple[str, str], ...] = ()
 
     @property
     def text(self) -> str:
@@ -236,15 +239,26 @@ def build_long_outputs(records: Sequence[dict[str, Any]], pool: Sequence[dict[st
                             weak[i] = weak_own[j]
                             j += 1
                     out.append(LongOutput(f"{rid}#out{best.message_index}", repo, "tool_output", lines, mine, present,
-                                          task, best.thought, best.command, weak))
+                                          task, best.thought, best.command, weak,
+                                          tuple((m["role"], m["content"]) for m in record["messages"][: best.message_index])))
     return out
 
 
-def serving_messages(output: LongOutput, with_turn: bool = True) -> list[Any]:
+# How mini-swe-agent wraps an output it sends as a user message: the lines before the output's own.
+WRAPPER_HEAD, WRAPPER_TAIL = "<returncode>0</returncode>\n<output>\n", "</output>"
+WRAPPER_LINES = 2
+
+
+def serving_messages(output: LongOutput, with_turn: bool = True, as_user: bool = False) -> list[Any]:
     """The conversation as the gateway would receive it, ending with the long output: the task,
-    then (for a tool output, unless `with_turn` is False) the agent's asking turn as a tool call."""
+    then (for a tool output, unless `with_turn` is False) the agent's asking turn as a tool call.
+    `as_user`: a tool output as mini-swe-agent sends it, the whole session before it with every
+    output a user message, the long one in its wrapper (WRAPPER_LINES lines before its own)."""
     from policies.conversation import Message, ToolCall
 
+    if as_user:
+        history = [Message(role, content) for role, content in output.history]  # type: ignore[arg-type]
+        return [*history, Message("user", WRAPPER_HEAD + output.text + WRAPPER_TAIL)]
     tool = Message("tool", output.text, tool_call_id="call_1", name="bash")
     if output.kind != "tool_output" or not with_turn:
         return [Message("user", output.task), tool]

@@ -54,14 +54,14 @@ def build_examples(data_dir: Path, count: Callable[[str], int], dense: Embedding
                    splits: Sequence[str] = TRAIN_SPLITS, progress: Callable[[str], None] = lambda _: None) -> list[Example]:
     from engine.agent_data import MARGIN, build_long_outputs, gold_units, load_jsonl_zst, serving_messages
     from engine.splits import split_of
-    from gateway.config import Settings
+    from policies.admission import DEFAULT_THRESHOLD as threshold
+    from policies.request_finding import DEFAULT_SCORED_TOKENS as request_tokens
     from policies.request_finding import find_request
+    from policies.segmentation import DEFAULT_MAX_SEGMENT as max_seg
+    from policies.segmentation import DEFAULT_MIN_SEGMENT as min_seg
     from policies.segmentation import segment
     from policies.transcript import is_unasked_transcript
 
-    f = Settings.model_fields
-    threshold, min_seg, max_seg = f["threshold"].default, f["min_segment"].default, f["max_segment"].default
-    request_tokens = f["request_tokens"].default
     paths = [data_dir / name for name in DATA_FILES if (data_dir / name).is_file()]
     if not paths:
         raise FileNotFoundError(f"no session data ({', '.join(DATA_FILES)}) in {data_dir}")

@@ -13,6 +13,9 @@ from gateway.errors import ApiError
 from gateway.metrics import scorer_name, snapshot
 from gateway.session_view import compressed_view, turns_view
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
+from policies.conversation import Message
+from policies.observations import message_kind
+from policies.strip import note_total_lines
 from sessions.identity import session_hash
 from sessions.record import SessionRecord
 from sessions.registry import SessionInfo, SessionRegistry
@@ -96,9 +99,17 @@ async def delete_session(request: web.Request) -> web.Response:
     return web.json_response({"id": record.session_id, "deleted": True})
 
 
+def _served_kind(role: str, served: str) -> str:
+    """Tells a tool output sent as a user message (mini-swe-agent, Aider...) from the user's words,
+    by its wrapper, which a compressed message shows after the gateway's note."""
+    body = served.split("\n", 1)[-1] if note_total_lines(served) is not None else served
+    return message_kind(Message(role, body))  # type: ignore[arg-type]
+
+
 async def transcript(request: web.Request) -> web.Response:
     record = await _lookup(request)
-    return web.json_response({"session_id": record.session_id, "messages": list(record.transcript)})
+    messages = [{**m, "kind": _served_kind(m["role"], m["content"])} for m in record.transcript]
+    return web.json_response({"session_id": record.session_id, "messages": messages})
 
 
 async def overview(request: web.Request) -> web.Response:

@@ -22,10 +22,11 @@ from pydantic_settings import (
 )
 
 from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
-from policies.budget import parse_curve
+from policies.admission import DEFAULT_THRESHOLD
+from policies.budget import DEFAULT_CURVE_SPEC, parse_curve
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.request_finding import DEFAULT_SCORED_TOKENS
-from policies.segmentation import TAIL_SLACK
+from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, TAIL_SLACK
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
 
@@ -120,13 +121,13 @@ class Settings(BaseSettings):
     )
 
     # --- compression and recall ----------------------------------------------------------------
-    threshold: int = Field(16384, ge=1, description="Tokens in one new message before it is compressed.")
+    threshold: int = Field(DEFAULT_THRESHOLD, ge=1, description="Tokens in one new message before it is compressed.")
     budget_curve: str = Field(
-        "16384:0.315 32768:0.270 65536:0.270 120000:0.225",
+        DEFAULT_CURVE_SPEC,
         description="Kept fraction by message tokens, piecewise linear: 'TOKENS:FRACTION ...'.",
     )
-    min_segment: int = Field(32, ge=1, description="Units smaller than this (tokens) merge forward.")
-    max_segment: int = Field(512, ge=2, description="Units larger than this (tokens) split at line boundaries; "
+    min_segment: int = Field(DEFAULT_MIN_SEGMENT, ge=1, description="Units smaller than this (tokens) merge forward.")
+    max_segment: int = Field(DEFAULT_MAX_SEGMENT, ge=2, description="Units larger than this (tokens) split at line boundaries; "
                              f"a remainder up to {TAIL_SLACK:g}× this stays whole.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")

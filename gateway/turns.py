@@ -29,6 +29,7 @@ from gateway.recall import RecallGate, RecallReport, recalled_turn, turn_key
 from policies.admission import COMPRESSIBLE_ROLES, ONE_SHOT_ROLES, admit
 from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
+from policies.observations import is_tool_output, is_user_words
 from sessions.identity import SessionIdentity, resolve_session
 from sessions.record import SessionRecord
 from sessions.registry import SessionRegistry
@@ -208,7 +209,8 @@ class TurnService:
 
     @staticmethod
     def _is_new_question(messages: Sequence[Message], index: int, record: SessionRecord) -> bool:
-        if index < 0 or messages[index].role != "user" or not record.kept_maps:
+        # A tool output sent as a user message asks nothing (policies/observations.py).
+        if index < 0 or not is_user_words(messages[index]) or not record.kept_maps:
             return False
         return (content_hash(messages[index].content) not in record.served_hashes
                 and recalled_turn(messages[index], index, record) is None)
@@ -370,4 +372,6 @@ def _source_label(messages: Sequence[Message], index: int) -> str:
                 if call.id == message.tool_call_id:
                     return f"the output of {call.name}({call.id})"
         return f"the output of {message.name or 'a tool'}({message.tool_call_id})"
+    if is_tool_output(message):
+        return f"the command output in earlier message {index + 1}"
     return f"earlier message {index + 1}"

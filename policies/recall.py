@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.conversation import Message
+from policies.observations import is_user_words
 from policies.rendering import Range, line_span_label
 from policies.segmentation import Unit
 from policies.selection import competition_ranks, relevance_mass
@@ -68,7 +69,7 @@ def gate_query(messages: Sequence[Message], index: int, context_questions: int) 
     """The text the gate scores units against: the question at `index`, then up to
     `context_questions` earlier user questions, newest first. The question leads so that an
     encoder which truncates its input keeps it whole."""
-    earlier = [m.content for m in messages[:index] if m.role == "user" and m.content.strip()]
+    earlier = [m.content for m in messages[:index] if is_user_words(m) and m.content.strip()]  # not an output
     picked = earlier[len(earlier) - context_questions :] if context_questions > 0 else []
     return "\n\n".join([messages[index].content, *reversed(picked)])
 

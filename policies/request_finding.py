@@ -1,11 +1,14 @@
 """What the units of a long message are ranked against: the request that made it matter.
 
-For a tool output that is the call which produced it (name + arguments), the assistant's words
-around that call, the latest user text, if short (MAX_SYSTEM_TOKENS) the system prompt, and the user
-text before the latest (a follow-up such as "How can I create one?" names its subject there). For a
-long user paste it is the question the user wrote around the pasted block; those lines are pinned so
-the question is never cut away. For a system prompt (cut only when a one-shot side request cannot
-fit whole) it is the user text that follows it. The scored text is trimmed to a token budget, most specific parts first.
+For a tool output (a tool message, or a user message in an agent's output wrapper:
+policies/observations.py) that is the agent's own last turn: the call which produced it (name +
+arguments, or the command of its fenced block), then the agent's words around it, the latest text
+the user wrote, if short (MAX_SYSTEM_TOKENS) the system prompt, and the user text before the latest
+(a follow-up such as "How can I create one?" names its subject there); a previous tool output or a
+harness warning never enters it. For a long user paste it is the question the user wrote around the
+pasted block; those lines are pinned so the question is never cut away. For a system prompt (cut
+only when a one-shot side request cannot fit whole) it is the user text that follows it. The scored
+text is trimmed to a token budget, most specific parts first.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policies.conversation import Message, ToolCall
+from policies.observations import (
+    agent_command,
+    is_user_words,
+    latest_user_words,
+    message_kind,
+    without_command,
+    wrapper_lines,
+)
 from policies.rendering import bare, split_lines
 
 # Served-model tokens of request text. BM25 uses every word, and a task's text past its first
@@ -137,24 +148,45 @@ def _latest(messages: Sequence[Message], before: int, role: str) -> tuple[int, s
     return None
 
 
+def _producing_turn(
+    messages: Sequence[Message], target_index: int
+) -> tuple[int, str, str] | None:
+    """For a tool output sent as a user message: the agent's turn before it, the command that turn
+    ran (its last fenced block) and its words around the command."""
+    for i in range(target_index - 1, -1, -1):
+        if messages[i].role == "assistant":
+            command = agent_command(messages[i].content)
+            return (i, command, without_command(messages[i].content)) if command else None
+    return None
+
+
 def _tool_request(
-    messages: Sequence[Message], target_index: int, count_tokens: CountTokens, max_tokens: int
+    messages: Sequence[Message], target_index: int, count_tokens: CountTokens, max_tokens: int,
+    max_pinned_tokens: int,
 ) -> RequestText:
+    """A tool output, whatever role carried it, is ranked by what the agent's own last turn asked:
+    its call (or the command of its fenced block), then its words, then the user's. A previous tool
+    output or a harness warning never enters the request (policies/observations.py)."""
     target = messages[target_index]
     # (position in the conversation, text, how to trim), listed by priority.
     parts: list[tuple[int, str, Literal["head", "tail", "ends", "whole"]]] = []
-    found = _producing_call(messages, target_index, target.tool_call_id, target.name)
-    if found is not None:
-        i, call = found
-        parts.append((2 * i + 1, f"{call.name} {call.arguments}", "head"))
+    turn: tuple[int, str, str] | None = None
+    if target.role == "tool":
+        found = _producing_call(messages, target_index, target.tool_call_id, target.name)
+        if found is not None:
+            turn = (found[0], f"{found[1].name} {found[1].arguments}", messages[found[0]].content)
+    else:
+        turn = _producing_turn(messages, target_index)
+    if turn is not None:
+        parts.append((2 * turn[0] + 1, turn[1], "head"))
     # The agent's words around the call say what it wants from this output; the task is broader
     # and often long enough to use the whole budget, so it comes after them (tuning splits: +11
     # points of gold kept on train's tool outputs, equal on validation; BENCHMARKS.md).
-    if found is not None and messages[found[0]].content.strip():
-        parts.append((2 * found[0], messages[found[0]].content, "tail"))
-    user = _latest(messages, target_index, "user")
+    if turn is not None and turn[2].strip():
+        parts.append((2 * turn[0], turn[2], "tail"))
+    user = latest_user_words(messages, target_index)
     if user is not None:
-        parts.append((2 * user[0], user[1], "ends"))
+        parts.append((2 * user, messages[user].content, "ends"))
     system = next((i for i, m in enumerate(messages[:target_index]) if m.role == "system"), None)
     if system is not None and count_tokens(messages[system].content) <= MAX_SYSTEM_TOKENS:
         parts.append((2 * system, messages[system].content, "whole"))
@@ -163,11 +195,14 @@ def _tool_request(
     # MTRAG gold passages kept at 27 %: 94.8 -> 96.2 % on train, 94.1 -> 96.2 % on validation; one
     # earlier question beat all of them, 94.7 %, and the assistant's last answer, 91.8 %).
     # It goes last in the text, as in the recall gate's query: a dense encoder reads only the head.
-    earlier = _latest(messages, user[0], "user") if user is not None else None
+    earlier = latest_user_words(messages, user) if user is not None else None
     if earlier is not None:
-        parts.append((2 * target_index, earlier[1], "tail"))
+        parts.append((2 * target_index, messages[earlier].content, "tail"))
     scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
-    return RequestText(scored=scored, pinned_lines=None, answers_call=found is not None)
+    wrapper = wrapper_lines(target.content) if target.role != "tool" else None
+    pinned = wrapper if wrapper is not None and count_tokens(
+        "".join(split_lines(target.content)[wrapper[0] : wrapper[1] + 1])) <= max_pinned_tokens else None
+    return RequestText(scored=scored, pinned_lines=pinned, answers_call=turn is not None)
 
 
 # --- long user pastes -----------------------------------------------------------------------------
@@ -258,9 +293,9 @@ def _user_request(
             return RequestText(scored=_trim(texts[i], max_tokens, count_tokens, "tail"), pinned_lines=(i, i))
     # No ask inside the paste: rank against what came before it, else the paste's own opening.
     parts = []
-    user = _latest(messages, target_index, "user")
+    user = latest_user_words(messages, target_index)
     if user is not None:
-        parts.append((2 * user[0], user[1], "ends"))
+        parts.append((2 * user, messages[user].content, "ends"))
     assistant = _latest(messages, target_index, "assistant")
     if assistant is not None:
         parts.append((2 * assistant[0], assistant[1], "tail"))
@@ -275,7 +310,7 @@ def _system_request(messages: Sequence[Message], target_index: int, count_tokens
     """A system prompt cut because a one-shot request cannot fit whole (gateway/turns.py): the
     instructions that matter are those about what the request asks, the user text after them."""
     parts: list[tuple[int, str, Literal["head", "tail", "ends", "whole"]]] = [
-        (i, m.content, "ends") for i, m in enumerate(messages) if i > target_index and m.role == "user"][::-1]
+        (i, m.content, "ends") for i, m in enumerate(messages) if i > target_index and is_user_words(m)][::-1]
     if not parts:
         parts.append((0, messages[target_index].content, "head"))
     scored = _assemble(parts, [p[0] for p in parts], max_tokens, count_tokens)
@@ -291,15 +326,16 @@ def find_request(
 ) -> RequestText:
     """The request text to rank the target message's units against (see module doc).
 
-    `pinned_lines` (user pastes only) indexes `split_lines(target.content)`.
+    `pinned_lines` (a user paste's question, a wrapped output's opening lines) indexes
+    `split_lines(target.content)`.
     """
     if not 0 <= target_index < len(messages):
         raise ValueError(f"target_index {target_index} outside 0..{len(messages) - 1}")
-    role = messages[target_index].role
-    if role == "tool":
-        return _tool_request(messages, target_index, count_tokens, max_scored_tokens)
-    if role == "user":
+    kind = message_kind(messages[target_index])
+    if kind == "tool_output":
+        return _tool_request(messages, target_index, count_tokens, max_scored_tokens, max_pinned_tokens)
+    if kind in ("user", "harness"):
         return _user_request(messages, target_index, count_tokens, max_scored_tokens, max_pinned_tokens)
-    if role == "system":
+    if kind == "system":
         return _system_request(messages, target_index, count_tokens, max_scored_tokens)
-    raise ValueError(f"target must be a tool, user or system message, not {role!r}")
+    raise ValueError(f"target must be a tool, user or system message, not {kind!r}")

@@ -44,6 +44,9 @@ class Unit:
 
 
 KINDS = ("code", "grep", "log", "prose", "blank")
+# Units smaller than this (tokens) merge forward; larger ones split at line boundaries (the defaults
+# of the settings min_segment and max_segment).
+DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT = 32, 512
 
 _GREP_SEPARATOR = re.compile(r"^--\s*$")
 

@@ -3,6 +3,7 @@ refused unless asked, smoke runs kept out of BENCHMARKS.md, suites that cover ev
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -110,6 +111,46 @@ def test_a_clean_run_stamps_every_section_and_links_every_plot(monkeypatch: pyte
     assert "commit `a1b2c3d4e5f6`, clean tree" in text
     assert text.count("commit `a1b2c3d4e5f6`") == 2  # the header and the one section
     assert "(benchmarks/plots/fake_plot.png)" in text
+
+
+def test_a_tuning_split_run_stays_out_of_benchmarks_md(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    output, reads = tmp_path / "BENCHMARKS.md", tmp_path / "reads.json"
+    monkeypatch.setattr(bench_run, "OUTPUT", output)
+    monkeypatch.setattr(bench_run, "SPLIT_DIR", tmp_path / "split-{split}")
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READS", reads)
+    monkeypatch.setattr(bench_run, "LOAD_WAIT_S", 0)
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READERS", frozenset({"fake"}))
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("f" * 40, True))
+    fake_section(monkeypatch, "| a |\n", [])
+    assert bench_run.main(["--split", "validation", "--only", "fake"]) == 0
+    assert not output.exists() and not reads.exists()  # neither published nor a read of the test split
+    assert "## Fake" in (tmp_path / "split-validation" / "BENCHMARKS.md").read_text()
+
+
+def test_every_read_of_the_test_split_is_logged_and_stated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    reads = tmp_path / "reads.json"
+    reads.write_text(json.dumps({"reads": [{"section": "fake", "commit": "old", "at": "then", "published": True},
+                                           {"section": "other", "commit": "old", "at": "then", "published": True}]}))
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READS", reads)
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READERS", frozenset({"fake"}))
+    monkeypatch.setattr(bench_run, "LOAD_WAIT_S", 0)
+    monkeypatch.setattr(bench_run, "OUTPUT", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("a" * 40, True))
+    real_context = bench_run.BenchContext
+    monkeypatch.setattr(bench_run, "BenchContext",
+                        lambda **kw: real_context(**kw, results_dir=tmp_path, plots_dir=tmp_path, model_error="none"))
+    fake_section(monkeypatch, "body\n", [])
+    assert bench_run.main(["--only", "fake"]) == 0
+    assert bench_run.main(["--only", "fake"]) == 0
+    logged = json.loads(reads.read_text())["reads"]
+    assert [r["section"] for r in logged] == ["fake", "other", "fake", "fake"]
+    assert "This run is read 3 of the frozen test split" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_the_committed_ledger_counts_every_published_quality_section() -> None:
+    logged = json.loads(bench_run.TEST_SPLIT_READS.read_text())["reads"]
+    assert {r["section"] for r in logged} <= bench_run.TEST_SPLIT_READERS
+    assert sum(r["section"] == "retention" for r in logged) >= 11  # published before the ledger existed
 
 
 def test_a_busy_machine_is_marked_under_the_section() -> None:

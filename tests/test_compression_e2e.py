@@ -217,3 +217,32 @@ def test_a_follow_up_search_is_ranked_with_the_question_before_it(gateway: Gatew
     assert "Eligibility for a Roth IRA depends on earned income" in served
     kept_offers = [what for what in offers if f"How to open {what}:" in served]
     assert len(kept_offers) < len(offers)  # compressed among passages that all say "open"
+
+
+def test_a_mini_swe_agent_output_sent_as_user_is_ranked_by_the_agents_turn(gateway: Gateway) -> None:
+    """mini-swe-agent sends outputs as user messages: the new one is ranked by the agent's command
+    and intent, not by the previous output (which alone fills the request budget), and keeps its
+    return-code wrapper. Through the official openai SDK."""
+    import openai
+
+    session = "mini-swe-" + uuid.uuid4().hex
+    listing = "\n".join(f"{n}:def helper_{n % 40}(values):  # scaled norm of the values" for n in range(1, 160))
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant that can interact multiple times with a computer "
+                                      "shell to solve programming tasks."},
+        {"role": "user", "content": "<pr_description>\nInvoices are wrong.\n</pr_description>"},
+        {"role": "assistant", "content": "THOUGHT: Find the helpers.\n\n```bash\ngrep -n 'def helper' inventory.py\n```"},
+        {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{listing}\n</output>"},
+        {"role": "assistant", "content": "THOUGHT: I must read compute_invoice_total and how the tax rate is "
+                                         "applied.\n\n```bash\ncat inventory.py\n```"},
+        {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{python_module()}\n</output>"},
+    ]
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers={"X-Session-Id": session})
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    assert raw.headers["X-PFlash-Compressed"] == "true"
+    seen = transcript(gateway, session)
+    assert [m["kind"] for m in seen] == ["system", "user", "assistant", "tool_output", "assistant", "tool_output"]
+    served = seen[-1]["content"].splitlines()
+    assert served[1:3] == ["<returncode>0</returncode>", "<output>"]  # after the note: the wrapper, pinned
+    assert "def compute_invoice_total(items, tax_rate):" in served

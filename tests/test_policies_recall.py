@@ -202,6 +202,10 @@ def test_gate_query_carries_earlier_user_questions_newest_first() -> None:
     assert gate_query(messages, last, 2) == "For a family?\n\nAnd what does it cost?\n\nWhich plans cover dental care?"
     assert gate_query(messages, last, 9) == gate_query(messages, last, 2)
     assert gate_query(messages, 1, 3) == "Which plans cover dental care?"  # nothing before the first
+    # An output sent as a user message (Aider's /run, mini-swe-agent) is not a question either.
+    aider = [*messages[:-1], Message("user", "I ran this command:\n\npytest\n\nAnd got this output:\n\nok\n"),
+             Message("assistant", "Ok."), messages[-1]]
+    assert gate_query(aider, len(aider) - 1, 1) == "For a family?\n\nAnd what does it cost?"
 
 
 def test_context_questions_default_by_scorer_and_setting_wins() -> None:

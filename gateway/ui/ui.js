@@ -251,7 +251,9 @@
     $("transcript").replaceChildren(...messages.map((m, i) => {
       const details = el("details", "message");
       const lines = m.content.split("\n").length;
-      details.append(el("summary", "", (i + 1) + ". " + m.role + " · " + num(lines) + (lines === 1 ? " line" : " lines")),
+      details.append(el("summary", "", (i + 1) + ". " + (m.role === "user" && m.kind === "tool_output" ? "user (tool output)"
+          : m.role === "user" && m.kind === "harness" ? "user (harness message)" : m.role)
+        + " · " + num(lines) + (lines === 1 ? " line" : " lines")),
         el("pre", "", m.content));
       return details;
     }));
