@@ -25,7 +25,7 @@ from benchmarks.bench_recall import CALL_ID, DATA, Replay, build_replays
 from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, bootstrap, ci_cell, head_tail, random_units
 from benchmarks.common import (
     BenchContext,
-    MemoScorer,
+    MemoBundle,
     Section,
     TokenCountCache,
     default_compression_settings,
@@ -121,10 +121,10 @@ def run(ctx: BenchContext) -> Section:
         if scorer is None:
             notes.append(f"`{name}` rows skipped: the scorer did not load ({ctx.scorer_note(name)}).")
             continue
-        memo, shares = MemoScorer(scorer), Shares()
+        memo, shares = MemoBundle(scorer.bundle()), Shares()
         for case in ctx.progress(cases, f"rag retention: {name}"):
             memo.clear()
-            compressor = MessageCompressor(TokenCountCache(ctx.count_tokens), memo, settings)
+            compressor = MessageCompressor(TokenCountCache(ctx.count_tokens), memo.bundle, settings)
             for key in keys:
                 plan, _ = compressor.compress(case.messages, len(case.messages) - 1, case.tokens,
                                               keep_ratio=None if key == CURVE else float(key))

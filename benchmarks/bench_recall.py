@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.common import (
     BenchContext,
-    MemoScorer,
+    MemoBundle,
     Section,
     spread,
     TokenCountCache,
@@ -187,10 +187,9 @@ def _visible(n_lines: int, kept: Sequence[tuple[int, int]], recalled: Sequence[t
     return seen
 
 
-def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, results: dict[int, ScorerResult]) -> None:
+def replay_one(rep: Replay, count: Any, memo: MemoBundle, settings: Any, results: dict[int, ScorerResult]) -> None:
     """One conversation: compressed once, then its follow-ups through the gate for every θ and for
     every gate query in `results` (earlier questions it carries -> where its numbers go)."""
-    from engine.embedder import background_encoder_of
     from gateway.compressor import MessageCompressor
     from policies.kept_lines import content_hash
     from policies.rendering import split_lines
@@ -199,12 +198,12 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, results
     # Cold for the compression and the first θ pass (timed, as the gateway pays it: the gate
     # re-segments the output each follow-up), warm for the other θ values.
     counter = TokenCountCache(count)
-    compressor = MessageCompressor(counter, memo, settings)
+    compressor = MessageCompressor(counter, memo.bundle, settings)
     text = rep.messages[rep.tool_index].content
     n_lines = len(split_lines(text))
     plan, report = compressor.compress(rep.messages[: rep.tool_index + 1], rep.tool_index, rep.tokens)
     kept = list(plan.kept_ranges) if plan.compressed else [(0, n_lines - 1)]
-    background = background_encoder_of(memo.inner)
+    background = memo.inner.background
     background_seconds = None
     # What the gateway does once the turn is served, for units compression did not embed.
     if background is not None and plan.compressed and not background.has_vectors(report.unit_texts):
@@ -227,7 +226,7 @@ def replay_one(rep: Replay, count: Any, memo: MemoScorer, settings: Any, results
         _follow_ups(rep, memo, counter, compressor, plan, kept, n_lines, key, context, result)
 
 
-def _follow_ups(rep: Replay, memo: MemoScorer, counter: TokenCountCache, compressor: Any, plan: Any,
+def _follow_ups(rep: Replay, memo: MemoBundle, counter: TokenCountCache, compressor: Any, plan: Any,
                 kept: list[tuple[int, int]], n_lines: int, key: str, context: int, result: ScorerResult) -> None:
     """The conversation's follow-ups through the gate at every θ, its query carrying `context`
     earlier questions."""
@@ -251,14 +250,14 @@ def _follow_ups(rep: Replay, memo: MemoScorer, counter: TokenCountCache, compres
                 before = [(a, b) for entry in record.recall_log for (h, a, b) in entry.units if h == key]
                 seen_before = _visible(n_lines, kept, before)
                 out.final_needed.append(not all(all(seen_before[a : b + 1]) for a, b in rep.gold_spans))
-            read_before = _tokens_read(memo.inner)
+            read_before = _tokens_read(memo.inner.compress)
             started = time.perf_counter()
             got = gate.rewrite(rep.messages, q, record)
             elapsed = time.perf_counter() - started
             if k == 0:  # later θ re-use the memoised scores: time the first pass only
                 result.gate_seconds.append(elapsed)
                 if read_before is not None:
-                    result.gate_tokens_read.append((_tokens_read(memo.inner) or 0) - read_before)
+                    result.gate_tokens_read.append((_tokens_read(memo.inner.compress) or 0) - read_before)
             fired = got is not None and got[1].fired
             out.fired.append(fired)
             out.added_tokens.append(got[1].added_tokens if got is not None else 0)
@@ -330,7 +329,7 @@ def run(ctx: BenchContext) -> Section:
         todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
         if name == "hybrid" and "embed" in replayed:
             todo = replays[: replayed["embed"]]  # warm: the encoder's unit vectors are cached
-        memo = MemoScorer(scorer)
+        memo = MemoBundle(scorer.bundle())
         by_query = {c: ScorerResult() for c in GATE_QUERIES}
         results.update((query_label(name, c), r) for c, r in by_query.items())
         t0 = time.perf_counter()

@@ -32,7 +32,7 @@ from typing import Any
 
 from benchmarks.common import (
     BenchContext,
-    MemoScorer,
+    MemoBundle,
     Section,
     TokenCountCache,
     default_compression_settings,
@@ -176,13 +176,13 @@ def random_units(units: Sequence[Any], budget: int, key: str) -> list[tuple[int,
     return [(units[k].first, units[k].last) for k in select_units(units, scores, budget)]
 
 
-def run_scorer(case: Case, count: Any, memo: MemoScorer, settings: Any, keys: Sequence[str],
+def run_scorer(case: Case, count: Any, memo: MemoBundle, settings: Any, keys: Sequence[str],
                result: MethodResult) -> None:
     from gateway.compressor import MessageCompressor
 
     memo.clear()
     counter = TokenCountCache(count)
-    compressor = MessageCompressor(counter, memo, settings)
+    compressor = MessageCompressor(counter, memo.bundle, settings)
     index = len(case.messages) - 1
     tokens = case.message_tokens or case.tokens
     for k, key in enumerate(keys):
@@ -286,7 +286,7 @@ def run(ctx: BenchContext) -> Section:
             del results[name]
             continue
         todo = cases[: heavy_limit] if heavy else cases
-        memo = MemoScorer(scorer)
+        memo = MemoBundle(scorer.bundle())
         for case in ctx.progress(todo, f"retention: {name}"):
             run_scorer(case, ctx.count_tokens, memo, settings, keys, results[name])
         for key in keys:

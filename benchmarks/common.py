@@ -14,7 +14,7 @@ import platform
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -235,41 +235,51 @@ class MemoScorer:
     first (real) call's time is what the sections report.
     """
 
-    # The recall gate's own scorer and the one for unasked transcripts (engine.scorers), memoised too.
-    ROLES = ("gate_scorer", "unasked_scorer")
-
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name: str = inner.name
-        self._memo: dict[str, list[float]] = {}
-        self.last_seconds = 0.0  # time of the last real (uncached) call
-        self.last_hit = False
-        for role in self.ROLES:
-            other = getattr(inner, role, None)
-            if other is not None:
-                setattr(self, role, MemoScorer(other))
+        self._memo: dict[str, Any] = {}
 
-    def score(self, units: Sequence[str], request: str) -> list[float]:
+    @staticmethod
+    def _key(units: Sequence[str], request: str) -> str:
         h = hashlib.sha256()
         for text in (request, *units):
             h.update(text.encode("utf-8", "surrogatepass"))
             h.update(b"\x00")
-        key = h.hexdigest()
-        if key in self._memo:
-            self.last_hit = True
-            return list(self._memo[key])
-        started = time.perf_counter()
-        scores = list(self.inner.score(units, request))
-        self.last_seconds = time.perf_counter() - started
-        self.last_hit = False
-        self._memo[key] = scores
-        return list(scores)
+        return h.hexdigest()
+
+    def remembered(self, units: Sequence[str], request: str, compute: Any) -> Any:
+        key = self._key(units, request)
+        if key not in self._memo:
+            self._memo[key] = compute(units, request)
+        return self._memo[key]
+
+    def score(self, units: Sequence[str], request: str) -> list[float]:
+        return list(self.remembered(units, request, self.inner.score))
 
     def clear(self) -> None:
         self._memo.clear()
-        for role in self.ROLES:
-            if hasattr(self, role):
-                getattr(self, role).clear()
+
+
+class MemoBundle:
+    """A scorer's bundle (engine/scorer_bundle.py) with every scoring role memoised: `bundle` is
+    what a compressor or recall gate is given, `inner` what the scorer itself offers."""
+
+    def __init__(self, inner: Any) -> None:
+        from engine.scorer_bundle import ScorerBundle
+
+        self.inner: ScorerBundle = inner
+        self.name = inner.name
+        compress, unasked, gate, split = (MemoScorer(s) for s in (inner.compress, inner.unasked, inner.gate, inner.gate))
+        self._memos = [compress, unasked, gate, split]
+        readings = inner.gate_readings  # the gate's two readings, as serving asks for them
+        self.bundle = replace(inner, compress=compress, unasked=unasked, gate=gate,
+                              gate_readings=None if readings is None else
+                              (lambda units, request: split.remembered(units, request, readings)))
+
+    def clear(self) -> None:
+        for memo in self._memos:
+            memo.clear()
 
 
 class TokenCountCache:

@@ -24,14 +24,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from policies.lexical import bm25_scores
 from policies.selection import competition_ranks
+
+if TYPE_CHECKING:
+    from engine.scorer_bundle import ScorerBundle
 
 log = logging.getLogger("pflash.drafter")
 
@@ -500,6 +503,12 @@ class DrafterScorer:
         self.counters.requests_read += 1
         return pooled[0]
 
+    def bundle(self) -> ScorerBundle:
+        """The drafter plays every role; its unit features travel with a session."""
+        from engine.scorer_bundle import single
+
+        return single(self, features=self)
+
     def close(self) -> None:
         with self._lock:
             self._reader.close()
@@ -522,6 +531,10 @@ class FusionScorer:
         density = np.array([s / n if n else 0.0 for s, n in zip(lexical, n_tokens)])
         fused = fuse(density, cos, self.k)
         return to_mass(fused, n_tokens)
+
+    def bundle(self) -> ScorerBundle:
+        """Fusion plays every role; the dense model's features and encoder are its own."""
+        return replace(self.dense.bundle(), compress=self, unasked=self, gate=self)
 
     def close(self) -> None:
         self.dense.close()

@@ -16,13 +16,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.drafter import FeatureCache, cosines, to_mass
 from engine.scorers import GateScores, Scorer
 from policies.recall import rank_fusion
+
+if TYPE_CHECKING:
+    from engine.scorer_bundle import ScorerBundle
 
 log = logging.getLogger("pflash.embedder")
 
@@ -237,6 +242,13 @@ class EmbeddingScorer:
         cos, n_tokens = self.relevance(units, request)
         return to_mass(cos, n_tokens)
 
+    def bundle(self) -> ScorerBundle:
+        """`embed` plays every role; its unit vectors travel with a session; its encoder gets every
+        core while the engine is idle."""
+        from engine.scorer_bundle import single
+
+        return replace(single(self, features=self), encoder=self.encoder)
+
     def close(self) -> None:
         with self._lock:
             self.encoder.close()
@@ -258,6 +270,8 @@ class EmbeddingGate:
         self._lock = threading.Lock()  # gate calls of several sessions run in worker threads
 
     def gate_scores(self, units: Sequence[str], request: str) -> GateScores:
+        """Evidence: the encoder's and BM25's ranks fused; choice: the encoder's (BM25 alone for
+        both until every unit has its vector)."""
         embedded = bool(request.strip()) and self.dense.has_vectors(units)
         with self._lock:
             self.counters["gate_embedded" if embedded else "gate_lexical"] += 1
@@ -269,19 +283,3 @@ class EmbeddingGate:
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         return self.gate_scores(units, request).choice
-
-
-def encoder_of(scorer: object) -> LlamaEncoder | None:
-    """The sentence encoder behind a scorer (`embed` itself, `hybrid`'s and the ranker's `dense`, the
-    head's `encoder`), if it has one."""
-    for candidate in (scorer, getattr(scorer, "dense", None), getattr(scorer, "encoder", None)):
-        if isinstance(candidate, EmbeddingScorer):
-            return candidate.encoder
-    return None
-
-
-def background_encoder_of(scorer: object) -> EmbeddingScorer | None:
-    """The encoder whose unit vectors are computed after the turn: that of a recall gate which
-    scores with embeddings beside a model-free compressor (EmbeddingGate), if the scorer has one."""
-    gate = getattr(scorer, "gate_scorer", None)
-    return gate.dense if isinstance(gate, EmbeddingGate) else None

@@ -28,12 +28,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from policies.lexical import bm25_scores
 from policies.segmentation import KINDS, detect_kind
+
+if TYPE_CHECKING:
+    from engine.scorer_bundle import ScorerBundle
 
 log = logging.getLogger("pflash.head")
 
@@ -323,6 +326,12 @@ class HeadScorer:
         encoder = {k[len(ENCODER_KEY):]: v for k, v in features.items() if k.startswith(ENCODER_KEY)}
         drafter = {k: v for k, v in features.items() if not k.startswith(ENCODER_KEY)}
         return int(self.drafter.import_features(drafter)) + int(self.encoder.import_features(encoder))
+
+    def bundle(self) -> ScorerBundle:
+        """The head plays every role; both models' features travel with a session (above)."""
+        from engine.scorer_bundle import ScorerBundle
+
+        return ScorerBundle(self, self, self, features=self, encoder=self.encoder.encoder)
 
     def close(self) -> None:
         self.drafter.close()

@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from engine.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
+
+if TYPE_CHECKING:
+    from engine.scorer_bundle import ScorerBundle
 
 SCHEMA = "pflash.ranker"
 VERSION = 3
@@ -303,7 +306,7 @@ class MeaningFailures:
 class RankerScorer:
     """Relevance = the fitted probability that a unit holds what the agent needs.
 
-    Scores an output that answers a call; `unasked_scorer` (engine.scorers.unasked_scorer_of) scores
+    Scores an output that answers a call; `unasked_scorer` (its bundle's `unasked`) scores
     a transcript no call asked for with the other kind's weights (policies/transcript.py). With
     `dense` (the sentence encoder) and `read_meaning`, units are ranked by the weight set with
     meaning; an encoder error falls back to the lexical set for that call (counted). The recall
@@ -332,6 +335,22 @@ class RankerScorer:
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model, dense, read_meaning=read_meaning,
                                                failures=self.meaning_failures, gate=self.gate_scorer)
+
+    def bundle(self) -> ScorerBundle:
+        """Its unasked set for transcripts, its own gate; the encoder's unit vectors travel with a
+        session, and a gate that reads meaning has the units it lacks embedded after the turn."""
+        from engine.scorer_bundle import ScorerBundle
+
+        gate = self.gate_scorer
+        embedding_gate = gate if isinstance(gate, EmbeddingGate) else None
+        return ScorerBundle(
+            self, self.unasked_scorer, gate,
+            gate_readings=embedding_gate.gate_scores if embedding_gate is not None else None,
+            features=self.dense, encoder=self.dense.encoder if self.dense is not None else None,
+            background=embedding_gate.dense if embedding_gate is not None else None,
+            meaning_failures=self.meaning_failures,
+            gate_counters=embedding_gate.counters if embedding_gate is not None else {},
+        )
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)

@@ -6,9 +6,12 @@ import hashlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from policies.lexical import bm25_of_counts, tokenize_for_search
+
+if TYPE_CHECKING:
+    from engine.scorer_bundle import ScorerBundle
 
 # A unit's counts take ~10 KB; a 17K-token output has ~50 units: ~10 MB for the last ~20 long messages.
 DEFAULT_CACHED_UNITS = 1024
@@ -41,6 +44,11 @@ class Bm25Scorer:
     def score(self, units: Sequence[str], request: str) -> list[float]:
         return bm25_of_counts([self._term_counts(u) for u in units], request)
 
+    def bundle(self) -> ScorerBundle:
+        from engine.scorer_bundle import single
+
+        return single(self)
+
     def _term_counts(self, unit: str) -> Counter[str]:
         key = hashlib.sha256(unit.encode("utf-8", "surrogatepass")).digest()
         with self._lock:
@@ -58,32 +66,9 @@ class Bm25Scorer:
         return counts
 
 
-def gate_scorer_of(scorer: Any) -> Scorer:
-    """What the recall gate scores with: the scorer's own `gate_scorer` when it names one (the ranker's
-    weights were fitted to choose what to keep of a new output, not to ask whether a later question
-    needs what was left out), else the scorer itself."""
-    return getattr(scorer, "gate_scorer", scorer)  # type: ignore[no-any-return]
-
-
 class GateScores(NamedTuple):
     evidence: list[float]  # what the recall gate's peak share reads
     choice: list[float]  # what orders the hidden units it brings back
-
-
-def gate_scores(scorer: Scorer, units: Sequence[str], request: str) -> GateScores:
-    """The recall gate's two readings of the units: a scorer that separates them (`gate_scores`,
-    engine/embedder.py's EmbeddingGate) gives both, any other scorer one score for each."""
-    split = getattr(scorer, "gate_scores", None)
-    if split is not None:
-        return split(units, request)  # type: ignore[no-any-return]
-    scores = scorer.score(units, request)
-    return GateScores(scores, scores)
-
-
-def unasked_scorer_of(scorer: Any) -> Scorer:
-    """What scores a transcript no call asked for (policies/transcript.py: a pasted session log): the
-    scorer's own `unasked_scorer` when it has one (the ranker's second weight set), else the scorer."""
-    return getattr(scorer, "unasked_scorer", scorer)  # type: ignore[no-any-return]
 
 
 class FeatureStore(Protocol):
@@ -92,11 +77,3 @@ class FeatureStore(Protocol):
     def export_features(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]: ...
 
     def import_features(self, features: Mapping[str, tuple[bytes, int]]) -> int: ...
-
-
-def feature_store_of(scorer: Any) -> FeatureStore | None:
-    """The model behind a scorer (itself, the dense scorer fusion wraps, the head's drafter), if any."""
-    for candidate in (scorer, getattr(scorer, "dense", None), getattr(scorer, "drafter", None)):
-        if candidate is not None and hasattr(candidate, "export_features") and hasattr(candidate, "import_features"):
-            return candidate  # type: ignore[no-any-return]
-    return None

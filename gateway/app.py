@@ -13,7 +13,6 @@ from typing import Any
 from aiohttp import web
 
 from engine.base import Engine
-from engine.embedder import background_encoder_of, encoder_of
 from gateway import admin, ui
 from gateway.api import chat as chat_api
 from gateway.api import chat_output, messages_output, responses_output
@@ -233,14 +232,14 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
                                           settings.recall_theta, settings.recall_budget,
                                           settings.recall_context)
         choice = build_scorer(settings)
-        encoder = encoder_of(choice.scorer)
+        encoder = choice.scorers.encoder
         if encoder is not None:  # every core for the encoder while no turn needs them
             encoder.engine_idle = engine.idle
             log.info("sentence encoder: %d thread(s) while a turn runs, %d while the engine is idle",
                      encoder.busy_threads, encoder.idle_threads)
-        dense = background_encoder_of(choice.scorer)
+        dense = choice.scorers.background
         background = BackgroundEmbedder(dense, registry, engine.idle) if dense is not None else None
-        turns = TurnService(engine, registry, choice.scorer, compression, background)
+        turns = TurnService(engine, registry, choice.scorers, compression, background)
         if choice.fallback is not None:  # /metrics: the configured scorer did not load
             turns.counters["scorer_fallbacks"] = 1
         if choice.gate_fallback is not None:  # /metrics: the recall gate's encoder did not load

@@ -30,8 +30,8 @@ def run_compress(settings: Settings, input_path: Path, request_path: Path | None
         return 2
     model = resolve_model(settings.model, settings.store_dir / "models")
     tokenizer = GgufTokenizer(model)
-    scorer = build_scorer(settings).scorer
-    compressor = MessageCompressor(tokenizer.count_tokens, scorer, CompressionSettings(
+    scorers = build_scorer(settings).scorers
+    compressor = MessageCompressor(tokenizer.count_tokens, scorers, CompressionSettings(
         settings.threshold, settings.budget_curve, settings.min_segment, settings.max_segment,
         settings.request_tokens, settings.fallback_spread))
     messages = [Message("user", request), Message("tool", text, tool_call_id="call_preview")]
@@ -47,12 +47,12 @@ def run_compress(settings: Settings, input_path: Path, request_path: Path | None
         ranges, kept_tokens, timings = [[1, len(split_lines(text))]], tokens, {}
     if as_json:
         print(json.dumps({
-            "compressed": compressed, "reason": reason, "scorer": scorer.name,
+            "compressed": compressed, "reason": reason, "scorer": scorers.name,
             "total_lines": len(split_lines(text)), "total_tokens": tokens, "kept_tokens": kept_tokens,
             "kept_ranges": ranges, "text": out_text, "timings": timings,
         }, ensure_ascii=False))
     else:
         sys.stdout.write(out_text)
         print(f"\n-- {'compressed' if compressed else 'not compressed'} ({reason}); {kept_tokens} of {tokens} "
-              f"tokens; scorer {scorer.name}", file=sys.stderr)
+              f"tokens; scorer {scorers.name}", file=sys.stderr)
     return 0

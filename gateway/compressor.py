@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.scorers import Scorer, unasked_scorer_of
+from engine.scorer_bundle import ScorerBundle
 from policies.budget import parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
 from policies.conversation import Message
@@ -55,9 +55,10 @@ class CompressionReport:
 
 
 class MessageCompressor:
-    def __init__(self, count_tokens: Callable[[str], int], scorer: Scorer, settings: CompressionSettings) -> None:
+    def __init__(self, count_tokens: Callable[[str], int], scorers: ScorerBundle,
+                 settings: CompressionSettings) -> None:
         self.count_tokens = count_tokens
-        self.scorer = scorer
+        self.scorers = scorers
         self.settings = settings
         self._curve = parse_curve(settings.budget_curve)
         # The least any message keeps (the overflow check before compression uses it).
@@ -97,7 +98,8 @@ class MessageCompressor:
         unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
         scoring_started = time.perf_counter()
         scores: list[float] | None
-        scorer = unasked_scorer_of(self.scorer) if is_unasked_transcript(request.answers_call, lines) else self.scorer
+        unasked = is_unasked_transcript(request.answers_call, lines)
+        scorer = self.scorers.unasked if unasked else self.scorers.compress
         try:
             scores = scorer.score(unit_texts, request.scored)
         except Exception as exc:  # a failing scorer never fails the request

@@ -190,8 +190,7 @@ def _numbers(stats: Mapping[str, Any]) -> dict[str, float]:
 
 
 def scorer_name(state: AppState) -> str:
-    scorer = getattr(getattr(state.turns, "compressor", None), "scorer", None)
-    return str(getattr(scorer, "name", None) or state.settings.scorer)
+    return state.turns.compressor.scorers.name if state.turns is not None else state.settings.scorer
 
 
 def _counter(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> CounterMetricFamily:

@@ -10,8 +10,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.embedder import EmbeddingGate
-from engine.scorers import feature_store_of, gate_scorer_of, gate_scores
 from gateway.compressor import MessageCompressor
 from policies.conversation import Message
 from policies.kept_lines import content_hash
@@ -65,15 +63,16 @@ class RecallGate:
         candidates = self._candidates(messages[:index], record)
         if not candidates:
             return None
-        features = feature_store_of(self.compressor.scorer)
+        bundle = self.compressor.scorers
+        features = bundle.features
         stored = record.features_copy() if features is not None else {}
         if features is not None and stored:
             features.import_features(stored)  # after eviction or a restart: no re-read
-        scorer = gate_scorer_of(self.compressor.scorer)
-        query = gate_query(messages, index, context_questions_for(scorer.name, self.context_questions))
+        query = gate_query(messages, index, context_questions_for(bundle.gate.name, self.context_questions))
         texts = ["".join(c.lines[c.first : c.last + 1]) for c in candidates]
-        scores = gate_scores(scorer, texts, query)
-        unembedded = tuple(texts) if isinstance(scorer, EmbeddingGate) and not scorer.dense.has_vectors(texts) else ()
+        scores = bundle.gate_scores(texts, query)
+        background = bundle.background
+        unembedded = tuple(texts) if background is not None and not background.has_vectors(texts) else ()
         recalled = record.recalled_units()
         already = frozenset(
             i for i, c in enumerate(candidates) if (c.source_hash, c.first, c.last) in recalled

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.scorers import Bm25Scorer, Scorer
+from engine.scorer_bundle import ScorerBundle
+from engine.scorers import Bm25Scorer
 from gateway.config import Settings
 
 if TYPE_CHECKING:
+    from engine.drafter import FusionScorer
     from engine.embedder import EmbeddingScorer
 
 log = logging.getLogger("pflash.scorer")
@@ -22,7 +24,7 @@ log = logging.getLogger("pflash.scorer")
 
 @dataclass(frozen=True)
 class ScorerChoice:
-    scorer: Scorer
+    scorers: ScorerBundle  # what the configured scorer (or its fallback) offers: engine/scorer_bundle.py
     fallback: str | None = None  # why the configured scorer was replaced, if it was
     gate_fallback: str | None = None  # why the recall gate's encoder did not load (the gate uses BM25)
 
@@ -41,19 +43,19 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
                                   n_gpu_layers=n_gpu_layers)
         log.info("scorer head: %s on drafter %s, layer %d", settings.head or "shipped head", drafter_path.name,
                  scorer.drafter.layer)
-        return ScorerChoice(scorer)
+        return ScorerChoice(scorer.bundle())
     except Exception as exc:  # noqa: BLE001 - never fail start-up over the head
         head_error = exc
     try:
         from engine.drafter import DrafterScorer, FusionScorer
 
-        fallback: Scorer = FusionScorer(DrafterScorer(drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
+        fallback = FusionScorer(DrafterScorer(drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
     except Exception as exc:  # noqa: BLE001 - the next fallback, bm25, needs nothing
         log.warning("relevance head unavailable (%s) and the drafter did not load (%s): scoring with bm25",
                     head_error, exc)
-        return ScorerChoice(Bm25Scorer(), f"head: {head_error}")
+        return ScorerChoice(Bm25Scorer().bundle(), f"head: {head_error}")
     log.warning("relevance head unavailable (%s): scoring with fusion instead", head_error)
-    return ScorerChoice(fallback, f"head: {head_error}")
+    return ScorerChoice(fallback.bundle(), f"head: {head_error}")
 
 
 def _encoder(settings: Settings) -> EmbeddingScorer:
@@ -65,7 +67,7 @@ def _encoder(settings: Settings) -> EmbeddingScorer:
     return EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
 
 
-def _embedding_scorer(settings: Settings) -> Scorer:
+def _embedding_scorer(settings: Settings) -> EmbeddingScorer | FusionScorer:
     from engine.drafter import FusionScorer
 
     dense = _encoder(settings)
@@ -75,7 +77,7 @@ def _embedding_scorer(settings: Settings) -> Scorer:
 def build_scorer(settings: Settings) -> ScorerChoice:
     """The configured scorer, or the fallback it steps down to (start-up never fails)."""
     if settings.scorer == "bm25":
-        return ScorerChoice(Bm25Scorer())
+        return ScorerChoice(Bm25Scorer().bundle())
     if settings.scorer == "ranker":
         from engine.ranker import SHIPPED_RANKER, RankerError, RankerScorer, load_weights
 
@@ -84,7 +86,7 @@ def build_scorer(settings: Settings) -> ScorerChoice:
             model = load_weights(path)
         except RankerError as exc:
             log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
-            return ScorerChoice(Bm25Scorer(), f"ranker: {exc}")
+            return ScorerChoice(Bm25Scorer().bundle(), f"ranker: {exc}")
         dense, gate_fallback = None, None
         if settings.recall_embedder or settings.ranker_embedder:
             try:
@@ -95,13 +97,13 @@ def build_scorer(settings: Settings) -> ScorerChoice:
                 gate_fallback = f"embed: {exc}"
         ranker = RankerScorer(path, model=model, dense=dense, read_meaning=settings.ranker_embedder,
                               gate_meaning=settings.recall_embedder)
-        return ScorerChoice(ranker, gate_fallback=gate_fallback)
+        return ScorerChoice(ranker.bundle(), gate_fallback=gate_fallback)
     if settings.scorer in ("embed", "hybrid"):
         try:
-            return ScorerChoice(_embedding_scorer(settings))
+            return ScorerChoice(_embedding_scorer(settings).bundle())
         except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
             log.warning("sentence encoder unavailable (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-            return ScorerChoice(Bm25Scorer(), f"{settings.scorer}: {exc}")
+            return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
     try:
         from engine.drafter import DrafterScorer, FusionScorer
         from engine.model_files import resolve_model
@@ -115,6 +117,6 @@ def build_scorer(settings: Settings) -> ScorerChoice:
         drafter = DrafterScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
     except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
         log.warning("drafter could not be loaded (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-        return ScorerChoice(Bm25Scorer(), f"{settings.scorer}: {exc}")
+        return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
     log.info("scorer %s: drafter %s, layer %d", settings.scorer, path.name, drafter.layer)
-    return ScorerChoice(FusionScorer(drafter) if settings.scorer == "fusion" else drafter)
+    return ScorerChoice((FusionScorer(drafter) if settings.scorer == "fusion" else drafter).bundle())

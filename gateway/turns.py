@@ -18,9 +18,7 @@ from typing import Any
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.constraints import ConstraintError, output_constraint
-from engine.embedder import EmbeddingGate
-from engine.ranker import MeaningFailures
-from engine.scorers import Scorer, feature_store_of, gate_scorer_of
+from engine.scorer_bundle import ScorerBundle
 from gateway.background_embedding import BackgroundEmbedder
 from gateway.branches import BranchRouter, BranchTurn
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
@@ -77,14 +75,14 @@ class Turn:
 
 class TurnService:
     def __init__(
-        self, engine: Engine, registry: SessionRegistry, scorer: Scorer, settings: CompressionSettings,
+        self, engine: Engine, registry: SessionRegistry, scorers: ScorerBundle, settings: CompressionSettings,
         background: BackgroundEmbedder | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.settings = settings
         self.background = background  # embeds a compressed message's units once its turn is served
-        self.compressor = MessageCompressor(engine.count_tokens, scorer, settings)
+        self.compressor = MessageCompressor(engine.count_tokens, scorers, settings)
         self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget,
                                  settings.recall_context)
         self.branches = BranchRouter(registry)
@@ -93,13 +91,7 @@ class TurnService:
     def stats(self) -> dict[str, float]:
         """The turn counters with the branches', the recall gate's, the ranker's and the background
         encoder's (/metrics)."""
-        out = {**self.counters, **self.branches.counters}
-        gate = gate_scorer_of(self.compressor.scorer)
-        if isinstance(gate, EmbeddingGate):
-            out.update(gate.counters)
-        failures = getattr(self.compressor.scorer, "meaning_failures", None)
-        if isinstance(failures, MeaningFailures):
-            out["meaning_failures"] = failures.count
+        out = {**self.counters, **self.branches.counters, **self.compressor.scorers.counters()}
         if self.background is not None:
             out.update(self.background.counters)
             out["background_pending"] = self.background.pending
@@ -257,7 +249,7 @@ class TurnService:
             return None, report
         message = messages[index]
         key = content_hash(message.content)
-        features = feature_store_of(self.compressor.scorer)
+        features = self.compressor.scorers.features
         # Keep the model's reading with the session (recall, restarts); a background encoder has
         # read nothing yet, and stores its vectors once the turn is served.
         exported = features.export_features(report.unit_texts) if features is not None else {}

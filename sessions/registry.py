@@ -5,10 +5,12 @@ when it switches to another session and fetches it back (RAM first, then disk).
 Who owns what:
 - `_lock` guards the in-memory maps only: it is never held for I/O, so the event loop, which takes
   it on every turn, never waits for a disk.
-- every store operation (write, load, delete) runs on `_io`, one dedicated thread: the store has a
-  single owner and operations on one session happen in the order they were asked for. The batched
-  fsync of files already renamed into place runs on `_sync_io`, so a turn's record write never
-  queues behind a second's worth of fsyncs.
+- store operations run on two dedicated threads, each in the order asked for: `_records_io`
+  writes, loads and deletes records (small, and what the end of a response waits for), `_io`
+  writes and loads KV states (a spill can take seconds). A turn's record write never queues behind
+  another session's spill; a spill hands its record to the record lane and waits for it, so a KV
+  file never lands before its record. The batched fsync of files already renamed into place runs
+  on `_sync_io`, so a record write never queues behind a second's worth of fsyncs either.
 - a record is changed only through its own methods (its own lock); persistence writes a snapshot.
 
 Records are written ahead (`record_sync`): before a response completes, the record it changed is
@@ -65,7 +67,8 @@ class SessionRegistry:
         self._budget = ram_budget_bytes
         self.record_sync: RecordSync = record_sync
         self._lock = threading.Lock()
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-io")
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-kv-io")
+        self._records_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-record-io")
         self._sync_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sync")
         self._records: OrderedDict[str, SessionRecord] = OrderedDict()  # LRU, oldest first
         self._record_bytes: dict[str, int] = {}
@@ -87,12 +90,16 @@ class SessionRegistry:
                                          "side_states_stashed": 0, "side_states_spilled": 0,
                                          "writes_after_delete": 0}
 
-    # --- the I/O thread ----------------------------------------------------------------------------
-    async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+    # --- the I/O threads ---------------------------------------------------------------------------
+    async def _on_record_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._records_io, fn, *args)
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """KV states: spills, loads."""
         return self._io.submit(fn, *args)
+
+    def _submit_record(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._records_io.submit(fn, *args)
 
     # --- records -----------------------------------------------------------------------------------
     async def get_or_create(self, session_id: str, tenant: str, key_source: str, parent: str = "",
@@ -134,7 +141,7 @@ class SessionRegistry:
                 return record
         if not self.store.has(session_id):
             return None
-        loaded = await self._on_io(self.store.load_record, session_id)
+        loaded = await self._on_record_io(self.store.load_record, session_id)
         if loaded is None:
             return None
         with self._lock:
@@ -175,7 +182,7 @@ class SessionRegistry:
             self._account(sid, None)
             self.counters["records_evicted"] += 1
             if record.version != self._written.get(sid):
-                self._submit(self._write_record, record, True)
+                self._submit_record(self._write_record, record, True)
             else:
                 self._written.pop(sid, None)
 
@@ -183,14 +190,14 @@ class SessionRegistry:
         """Write ahead: the record is in the store when this returns (per `record_sync`)."""
         if self.record_sync == "off":
             return
-        await self._on_io(self._write_record, record, False)
+        await self._on_record_io(self._write_record, record, False)
         with self._lock:
             if record.session_id in self._records:
                 self._account(record.session_id, record.approx_bytes())
                 self._evict_records()
 
     def _write_record(self, record: SessionRecord, force: bool) -> None:
-        """On the I/O thread: write the record's snapshot if it changed since the last write, and
+        """On the record thread: write the record's snapshot if it changed since the last write, and
         only while it is its session's live record: a turn that finishes after its session was
         deleted (or replaced) must not bring it back."""
         with self._lock:
@@ -243,7 +250,11 @@ class SessionRegistry:
                 self._in_context = None
             if self._ahead and self._ahead[0] == session_id:
                 self._ahead = None
-        await self._on_io(self.store.delete, session_id)
+        # Each lane drops what it may be writing for the session now: a spill queued before the
+        # delete, then a record write already past its check.
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, self.store.delete, session_id)
+        await self._on_record_io(self.store.delete, session_id)
 
     def list(self, tenant: str | None) -> list[SessionInfo]:
         disk = self.store.index()
@@ -375,14 +386,13 @@ class SessionRegistry:
         record = self._live.get(session_id)
         if record is None and not self.store.has(session_id):
             return  # deleted, or never worth a record: its state alone could not be loaded
+        if record is not None:  # on the record lane, in order with the turns' writes; waited for
+            self._submit_record(self._write_record, record, False).result()
+        with self._lock:
+            if session_id in self._deleted:
+                return
         try:
-            if record is not None:
-                version, data = record.snapshot()
-                if self._written.get(session_id) != version or not self.store.has(session_id):
-                    self.store.save_record(data)
-                    with self._lock:
-                        self._written[session_id] = max(version, self._written.get(session_id, 0))
-            if state is not None:
+            if state is not None and self.store.has(session_id):
                 self.store.save_kv(session_id, state)
         except OSError as exc:  # disk full, read-only store: keep serving, lose only the cache
             self.counters["store_errors"] += 1
@@ -407,11 +417,13 @@ class SessionRegistry:
                     log.exception("session %s: flush failed; the others are still written", session_id[:12])
 
         self._submit(write_all).result()
+        self._submit_record(lambda: None).result()  # records the flush did not hand over itself
         self._sync_io.submit(self.store.sync_pending).result()  # after any sync already under way
 
     def settle(self) -> None:
         """Wait for the store I/O asked for so far (spills, writes)."""
         self._submit(lambda: None).result()
+        self._submit_record(lambda: None).result()
 
     def close(self) -> None:
         """After flush(): no more store I/O."""
@@ -420,6 +432,7 @@ class SessionRegistry:
         if timer is not None:
             timer.cancel()
         self._io.shutdown(wait=True)
+        self._records_io.shutdown(wait=True)
         self._sync_io.shutdown(wait=True)
         self.store.sync_pending()
         if self._store_lock is not None:

@@ -27,6 +27,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -163,9 +164,9 @@ class SessionStore:
             self.pending.add(path / META)
         self.counters["record_writes"] += 1
         self.counters["record_bytes_written"] += len(packed)
-        old = self._index_get(session_id)
-        self._index_put(StoreEntry(session_id, *_described(data), old.kv_tokens if old else 0, len(packed),
-                                   old.kv_bytes if old else 0, old.kv_raw_bytes if old else 0))
+        self._index_update(session_id, lambda old: StoreEntry(
+            session_id, *_described(data), old.kv_tokens if old else 0, len(packed),
+            old.kv_bytes if old else 0, old.kv_raw_bytes if old else 0))
 
     def save_kv(self, session_id: str, state: SavedState) -> list[str]:
         """Write a KV state (the session's record must be on disk first); returns evicted sessions."""
@@ -195,9 +196,8 @@ class SessionStore:
         write_atomic(path / KV, fill)
         self.counters["writes"] += 1
         self.counters["kv_bytes_written"] += written
-        old = self._index_get(session_id)
-        if old is not None:
-            self._index_put(replace(old, kv_tokens=len(state.tokens), kv_bytes=written, kv_raw_bytes=raw))
+        self._index_update(session_id, lambda old: old and replace(old, kv_tokens=len(state.tokens), kv_bytes=written,
+                                                                   kv_raw_bytes=raw))
         return self.enforce_budget(protect={session_id})
 
     def sync_pending(self) -> int:
@@ -272,9 +272,8 @@ class SessionStore:
             (self._session_dir(session_id) / KV).unlink(missing_ok=True)
         except OSError:
             pass
-        old = self._index_get(session_id)
-        if old is not None:  # /v1/sessions must not keep naming a tier that is gone
-            self._index_put(replace(old, kv_tokens=0, kv_bytes=0, kv_raw_bytes=0))
+        # /v1/sessions must not keep naming a tier that is gone
+        self._index_update(session_id, lambda old: old and replace(old, kv_tokens=0, kv_bytes=0, kv_raw_bytes=0))
 
     def _discard(self, session_id: str, why: str) -> None:
         self.counters["discarded"] += 1
@@ -334,10 +333,13 @@ class SessionStore:
         with self._index_lock:
             return live.get(session_id)
 
-    def _index_put(self, entry: StoreEntry) -> None:
+    def _index_update(self, session_id: str, change: Callable[[StoreEntry | None], StoreEntry | None]) -> None:
+        """Read and replace one entry at once: records and KV states are written by two threads."""
         live = self._live_index()
         with self._index_lock:
-            live[entry.session_id] = entry
+            entry = change(live.get(session_id))
+            if entry is not None:
+                live[session_id] = entry
 
     def delete(self, session_id: str) -> bool:
         path = self._session_dir(session_id)

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from benchmarks.followup_timing import metric
-from engine.embedder import EmbeddingGate, EmbeddingScorer, background_encoder_of
+from engine.embedder import EmbeddingGate, EmbeddingScorer
 from engine.ranker import RankerScorer
-from engine.scorers import Bm25Scorer, gate_scorer_of
+from engine.scorers import Bm25Scorer
 from gateway.background_embedding import BackgroundEmbedder
 from policies.recall import rank_fusion
 from sessions.record import SessionRecord
@@ -52,11 +52,11 @@ def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: Em
 
 
 def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:
-    assert background_encoder_of(RankerScorer(dense=sentence_encoder)) is sentence_encoder
-    assert isinstance(gate_scorer_of(RankerScorer()), Bm25Scorer) and background_encoder_of(RankerScorer()) is None
+    assert RankerScorer(dense=sentence_encoder).bundle().background is sentence_encoder
+    assert isinstance(RankerScorer().bundle().gate, Bm25Scorer) and RankerScorer().bundle().background is None
     from engine.drafter import FusionScorer
 
-    assert background_encoder_of(FusionScorer(sentence_encoder, name="hybrid")) is None  # hybrid embeds while compressing
+    assert FusionScorer(sentence_encoder, name="hybrid").bundle().background is None  # hybrid embeds while compressing
 
 
 def _registry(tmp_path: Path) -> SessionRegistry:

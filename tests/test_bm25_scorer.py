@@ -54,7 +54,7 @@ def test_a_follow_up_through_the_gate_tokenizes_only_new_units() -> None:
     output = "".join(records)
     scorer = Bm25Scorer()
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.0)
-    compressor = MessageCompressor(lambda t: len(t.split()), scorer, settings)
+    compressor = MessageCompressor(lambda t: len(t.split()), scorer.bundle(), settings)
     messages = [Message("user", "summarise the workers"),
                 Message("assistant", "", (ToolCall("c1", "read_log", "{}"),)),
                 Message("tool", output, tool_call_id="c1", name="read_log"),

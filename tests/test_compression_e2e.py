@@ -145,7 +145,9 @@ def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_p
 
     engine = LlamaEngine(LlamaOptions(model_path=model_path, model_sha256="x", n_ctx=4096))
     registry = SessionRegistry(SessionStore(tmp_path, engine.fingerprint), 10**8)
-    turns = TurnService(engine, registry, BrokenScorer(),
+    from engine.scorer_bundle import single
+
+    turns = TurnService(engine, registry, single(BrokenScorer()),
                         CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.11))
     output = python_module()
     conv = Conversation(

@@ -204,11 +204,11 @@ def test_gateway_builds_the_configured_scorer(truncated: Path, tmp_path: Path,
     from gateway.scorer_factory import build_scorer
 
     settings = load_settings({"scorer": "drafter", "drafter": str(truncated), "store_dir": tmp_path, "n_threads": 2})
-    scorer = build_scorer(settings).scorer
+    scorer = build_scorer(settings).scorers.compress
     assert isinstance(scorer, DrafterScorer) and scorer.layer == 2  # a 4-block drafter reads block 2
     scorer.close()
     with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
         broken = load_settings({"scorer": "fusion", "drafter": str(tmp_path / "missing.gguf"), "store_dir": tmp_path})
         choice = build_scorer(broken)
-        assert isinstance(choice.scorer, Bm25Scorer) and choice.fallback is not None
+        assert isinstance(choice.scorers.compress, Bm25Scorer) and choice.fallback is not None
     assert any("bm25" in r.getMessage() for r in caplog.records)

@@ -106,10 +106,9 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
 
 def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: Path) -> None:
     from engine.drafter import FusionScorer
-    from engine.embedder import encoder_of
 
     scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
-    assert encoder_of(FusionScorer(scorer, name="hybrid")) is scorer.encoder is encoder_of(scorer)
+    assert FusionScorer(scorer, name="hybrid").bundle().encoder is scorer.encoder is scorer.bundle().encoder
     encoder = scorer.encoder
     texts = ["def add(a, b): return a + b", "The disk quota was exceeded.", "import numpy as np"]
     busy = encoder.embed(texts)

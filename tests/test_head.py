@@ -175,7 +175,6 @@ def test_an_encoder_of_another_width_is_refused() -> None:
 def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, embedder_path: Path) -> None:
     """The shipped head on the real drafter and encoder: its units' features of both models are kept
     with the session, so the recall gate after a restart reads only the new question."""
-    from engine.embedder import encoder_of
     from engine.head import open_head_scorer
     from policies.conversation import Message
     from sessions.record import SessionRecord
@@ -183,7 +182,7 @@ def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, e
 
     service, messages = rewrite_setup(model_path)
     before = open_head_scorer(None, model_path, embedder_path, n_threads=2)
-    assert encoder_of(before) is before.encoder.encoder  # the gateway gives it every core while idle
+    assert before.bundle().encoder is before.encoder.encoder  # the gateway gives it every core while idle
     record = SessionRecord(session_id="h" * 64, tenant="")
     _served, report, _ = asyncio.run(service(before).rewrite(messages, record))
     assert report is not None and report.compressed and report.scorer == "head"
@@ -213,7 +212,7 @@ def test_missing_head_or_encoder_falls_back_to_fusion_once(missing: str, model_p
                               "model": str(model_path), "n_threads": 2})
     with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
         choice = build_scorer(settings)
-    scorer = choice.scorer
+    scorer = choice.scorers.compress
     assert isinstance(scorer, FusionScorer) and choice.fallback is not None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "head unavailable" in warnings[0].getMessage()

@@ -25,7 +25,8 @@ from engine.ranker import (
     load_weights,
     ranker_features,
 )
-from engine.scorers import Bm25Scorer, unasked_scorer_of
+from engine.scorer_bundle import ScorerBundle
+from engine.scorers import Bm25Scorer
 
 FILLER = [
     "def render_header(page):\n    return page.title.upper()\n",
@@ -94,7 +95,7 @@ def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
     assert set(model.sets) == set(SET_FEATURES) and model.info["splits"] == ["train", "validation"]
     assert "repeated_lines" not in model.sets[ANSWERS_CALL].features and "repeated_lines" in model.sets[UNASKED].features
     units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
-    for scorer in (RankerScorer(), unasked_scorer_of(RankerScorer())):
+    for scorer in (RankerScorer(), RankerScorer().bundle().unasked):
         scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
         assert len(scores) == len(units) and all(0.0 < s < 1.0 for s in scores)
         assert int(np.argmax(scores)) == len(units) - 1
@@ -103,7 +104,7 @@ def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
 def test_unasked_text_is_scored_with_its_own_weights() -> None:
     """A repeated unit gains only under the unasked set: the two sets really differ where they should."""
     scorer = RankerScorer()
-    unasked = unasked_scorer_of(scorer)
+    unasked = scorer.bundle().unasked
     assert unasked is not scorer and unasked.weights is scorer.model.sets[UNASKED]
     assert scorer.weights is scorer.model.sets[ANSWERS_CALL]
     seen = "def apply_discount(order):\n    return order.total * order.rate\n"
@@ -173,10 +174,10 @@ def test_a_missing_ranker_falls_back_to_bm25_with_a_warning(tmp_path: Path, capl
     from gateway.scorer_factory import build_scorer
 
     default = build_scorer(load_settings({"store_dir": tmp_path}))
-    assert isinstance(default.scorer, RankerScorer) and default.fallback is None
+    assert isinstance(default.scorers.compress, RankerScorer) and default.fallback is None
     with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
         choice = build_scorer(load_settings({"store_dir": tmp_path, "ranker": str(tmp_path / "missing.json")}))
-    assert isinstance(choice.scorer, Bm25Scorer)
+    assert isinstance(choice.scorers.compress, Bm25Scorer)
     assert choice.fallback is not None and "ranker" in choice.fallback
     assert any("bm25" in r.getMessage() for r in caplog.records)
 
@@ -241,7 +242,7 @@ def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
     output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
     assert RankerScorer().score(FILLER, "zzqx wvut") == [0.0] * len(FILLER)
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
-    compressor = MessageCompressor(lambda text: len(text.split()), RankerScorer(), settings)
+    compressor = MessageCompressor(lambda text: len(text.split()), RankerScorer().bundle(), settings)
     messages = [Message("user", "Qu'est-ce qui ne va pas ?"), Message("tool", output, tool_call_id="c1")]
     plan, report = compressor.compress(messages, 1, len(output.split()))
     assert not plan.compressed and plan.text == output and report.reason.startswith("scorer_failed")
@@ -266,12 +267,11 @@ def test_the_compressor_scores_unasked_transcripts_with_the_unasked_weights() ->
             return [1.0 if "handler_217" in u else 0.0 for u in units]
 
     asked, unasked = Recording("ranker"), Recording("ranker")
-    asked.unasked_scorer = unasked  # type: ignore[attr-defined]
     single = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
     log = "".join(f"$ sed -n '{i},{i + 1}p' app.py\ndef handler_{i}(event):\n    return route(event, {i})\n"
                   for i in range(300))
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
-    compressor = MessageCompressor(lambda text: len(text.split()), asked, settings)  # type: ignore[arg-type]
+    compressor = MessageCompressor(lambda text: len(text.split()), ScorerBundle(asked, unasked, asked), settings)
     call = Message("assistant", "", (ToolCall("c1", "bash", '{"command": "grep -n handler_217 -A1 app.py"}'),))
     task = Message("user", "Which handler routes event 217?")
     for output, with_call, expected in ((log, True, (1, 0)), (log, False, (1, 1)), (single, False, (2, 1))):

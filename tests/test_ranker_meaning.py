@@ -28,7 +28,7 @@ from engine.ranker import (
     meaning_features,
     ranker_features,
 )
-from engine.scorers import Bm25Scorer, gate_scorer_of, unasked_scorer_of
+from engine.scorers import Bm25Scorer
 from tests.test_compression_e2e import post, tool_conversation, transcript
 
 pytestmark = pytest.mark.engine
@@ -97,7 +97,7 @@ def test_the_ranker_finds_by_meaning_what_shares_no_word(sentence_encoder: Embed
     # after a matching `def` line), so a one-line unit may stand just behind them.
     assert units.index(QUOTA_LINE) in best_first[:3]
     assert sentence_encoder.has_vectors(units)  # read once, by compression: the gate needs only the question
-    assert unasked_scorer_of(scorer).meaning is sentence_encoder
+    assert scorer.bundle().unasked.meaning is sentence_encoder
 
 
 class BrokenEncoder:
@@ -113,7 +113,7 @@ def test_an_encoder_error_falls_back_to_the_lexical_weights_and_is_counted(caplo
     scorer = RankerScorer(dense=BrokenEncoder())  # type: ignore[arg-type]
     with caplog.at_level("WARNING", logger="pflash.ranker"):
         assert scorer.score(units, request) == RankerScorer().score(units, request)
-    assert unasked_scorer_of(scorer).score(units, request) == unasked_scorer_of(RankerScorer()).score(units, request)
+    assert scorer.unasked_scorer.score(units, request) == RankerScorer().unasked_scorer.score(units, request)
     assert scorer.meaning_failures.count == 2 and "by its words alone" in caplog.text  # one count for both sets
     from gateway.metrics import _turn_metrics
 
@@ -123,12 +123,12 @@ def test_an_encoder_error_falls_back_to_the_lexical_weights_and_is_counted(caplo
 
 def test_meaning_and_the_gate_are_switched_apart(sentence_encoder: EmbeddingScorer) -> None:
     words_only = RankerScorer(dense=sentence_encoder, read_meaning=False)
-    assert words_only.meaning is None and isinstance(gate_scorer_of(words_only), EmbeddingGate)
+    assert words_only.meaning is None and isinstance(words_only.bundle().gate, EmbeddingGate)
     assert words_only.score(quota_log(), QUESTION) == [0.0] * 60
     bm25_gate = RankerScorer(dense=sentence_encoder, gate_meaning=False)
-    assert bm25_gate.meaning is sentence_encoder and isinstance(gate_scorer_of(bm25_gate), Bm25Scorer)
+    assert bm25_gate.meaning is sentence_encoder and isinstance(bm25_gate.bundle().gate, Bm25Scorer)
     for ranker in (words_only, bm25_gate):  # one gate, asked of the top-level scorer: the unasked set shares it
-        assert unasked_scorer_of(ranker).gate_scorer is gate_scorer_of(ranker)
+        assert ranker.bundle().unasked.gate_scorer is ranker.bundle().gate
 
 
 def test_the_factory_loads_no_encoder_when_both_switches_are_off(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_the_factory_loads_no_encoder_when_both_switches_are_off(tmp_path: Path)
     from gateway.scorer_factory import build_scorer
 
     off = build_scorer(load_settings({"store_dir": tmp_path, "ranker_embedder": False, "recall_embedder": False}))
-    assert isinstance(off.scorer, RankerScorer) and off.scorer.dense is None and off.gate_fallback is None
+    assert isinstance(off.scorers.compress, RankerScorer) and off.scorers.compress.dense is None and off.gate_fallback is None
     assert not (tmp_path / "models").exists()  # nothing converted: no encoder asked for
 
 

@@ -36,7 +36,14 @@ def rewrite_setup(model_path: Path) -> tuple[Callable[[Any], Any], list[Message]
     messages = [Message("user", "Where is the invoice total computed?"),
                 Message("assistant", "", (ToolCall("call_1", "read_file", '{"path": "inventory.py"}'),)),
                 Message("tool", python_module(), tool_call_id="call_1")]
-    return (lambda scorer: TurnService(Counting(), None, scorer, settings)), messages  # type: ignore[arg-type]
+    return (lambda scorer: TurnService(Counting(), None, bundle_of(scorer), settings)), messages  # type: ignore[arg-type]
+
+
+def bundle_of(scorer: Any) -> Any:
+    """A real scorer's own bundle; a test's stub plays every role."""
+    from engine.scorer_bundle import single
+
+    return scorer.bundle() if hasattr(scorer, "bundle") else single(scorer)
 
 
 def test_follow_up_after_restart_reads_only_the_question(model_path: Path) -> None:

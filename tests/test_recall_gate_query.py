@@ -13,6 +13,7 @@ from gateway.recall import RecallGate
 from policies.conversation import Message, ToolCall
 from policies.kept_lines import KeptLineMap, content_hash
 from sessions.record import SessionRecord
+from tests.test_recall_features import bundle_of
 
 OUTPUT = "".join(f"line {i}: value {i * 7}\n" for i in range(200))
 
@@ -30,7 +31,7 @@ class Recording:
 def _rewrite(scorer: object, context: int | None) -> str:
     """The follow-up "And line 150?" through the gate at θ = 0: what the model is served."""
     settings = CompressionSettings(50, "50:0.3 100000:0.3", 4, 16, 128, 0.0, recall_theta=0.0)
-    compressor = MessageCompressor(lambda text: len(text.split()), scorer, settings)  # type: ignore[arg-type]
+    compressor = MessageCompressor(lambda text: len(text.split()), bundle_of(scorer), settings)
     key = content_hash(OUTPUT)
     record = SessionRecord(session_id="b" * 64, tenant="")
     record.kept_maps[key] = KeptLineMap(key, ((0, 9),), 1000, 50, content_hash("kept"))
@@ -68,7 +69,7 @@ def test_the_setting_overrides_the_scorer_default() -> None:
 
 
 def test_the_ranker_gate_asks_its_gate_scorer_not_the_ranker() -> None:
-    """The ranker compresses; its gate statistic comes from BM25 (engine.scorers.gate_scorer_of)."""
+    """The ranker compresses; its gate statistic comes from BM25 (its bundle's gate)."""
     from engine.ranker import RankerScorer
 
     ranker = RankerScorer()

@@ -152,6 +152,70 @@ def test_a_record_write_never_waits_behind_a_slow_batched_fsync(tmp_path: Path) 
     asyncio.run(run())
 
 
+def test_a_record_write_never_waits_behind_another_sessions_spill(tmp_path: Path) -> None:
+    """Records have their own lane: while one session's KV state takes 10 s to write, another's
+    turn writes its record at once; the spill's own record still lands before its KV file."""
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=130_000, sync="always")
+        spilling, release = threading.Event(), threading.Event()
+        real_save_kv = registry.store.save_kv
+
+        def slow_save_kv(session_id: str, state: SavedState) -> list[str]:
+            assert registry.store.has(session_id)  # its record went first
+            spilling.set()
+            release.wait(10)  # a large state on a slow disk
+            return real_save_kv(session_id, state)
+
+        registry.store.save_kv = slow_save_kv  # type: ignore[method-assign]
+        a = await registry.get_or_create(sid("a"), "t", "x")
+        b = await registry.get_or_create(sid("b"), "t", "x")
+        registry.stash(a.session_id, make_state(size=100_000))
+        registry.stash(b.session_id, make_state(size=100_000))  # over budget: A's state spills
+        assert await asyncio.to_thread(spilling.wait, 5)
+        b.count("turns")
+        started = time.perf_counter()
+        await registry.save_record(b)
+        waited = time.perf_counter() - started
+        assert registry.store.has(b.session_id)
+        release.set()
+        assert waited < 1.0, waited
+        registry.settle()  # (a second store on the directory would sweep the spill's temp file)
+        assert SessionStore(tmp_path, FP).load_record(b.session_id) is not None
+        assert registry.fetch(a.session_id) == (make_state(size=100_000), "disk")
+        registry.close()
+
+    asyncio.run(run())
+
+
+def test_a_session_deleted_while_its_state_spills_leaves_nothing_on_disk(tmp_path: Path) -> None:
+    async def run() -> None:
+        registry = registry_at(tmp_path, budget=130_000, sync="always")
+        spilling, release = threading.Event(), threading.Event()
+        real_save_kv = registry.store.save_kv
+
+        def slow_save_kv(session_id: str, state: SavedState) -> list[str]:
+            spilling.set()
+            release.wait(10)
+            return real_save_kv(session_id, state)
+
+        registry.store.save_kv = slow_save_kv  # type: ignore[method-assign]
+        a = await registry.get_or_create(sid("a"), "t", "x")
+        await registry.save_record(a)
+        registry.stash(a.session_id, make_state(size=100_000))
+        registry.stash(sid("b"), make_state(size=100_000))
+        assert await asyncio.to_thread(spilling.wait, 5)
+        deleting = asyncio.ensure_future(registry.delete(a.session_id))
+        await asyncio.sleep(0.2)
+        release.set()
+        await deleting
+        registry.settle()
+        assert SessionStore(tmp_path, FP).load_record(a.session_id) is None
+        assert not (registry.store.dir / a.session_id).exists()
+        registry.close()
+
+    asyncio.run(run())
+
+
 def test_records_stay_under_the_ram_budget_and_reload_from_the_store(tmp_path: Path) -> None:
     async def run() -> None:
         registry = registry_at(tmp_path, budget=100_000)
