@@ -113,7 +113,7 @@ class BenchContext:
 
                 scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
-                from engine.drafter import FusionScorer
+                from engine.fusion import FusionScorer
 
                 dense = self._scorers.get("embed") if name == "hybrid" else None
                 if dense is None:
@@ -123,10 +123,8 @@ class BenchContext:
             elif name in ("drafter", "fusion"):
                 if self.model_path is None:
                     raise RuntimeError(f"no model: {self.model_error}")
-                from engine.drafter import (  # being written in parallel
-                    DrafterScorer,
-                    FusionScorer,
-                )
+                from engine.drafter import DrafterScorer
+                from engine.fusion import FusionScorer
 
                 drafter = self.scorer("drafter") if name == "fusion" else None
                 if name == "fusion" and drafter is None:

@@ -10,7 +10,7 @@ share of its distinct gold lines with at least one kept occurrence. "flat" count
 gateway's flatness gate (spread < 0.11) would have served whole.
 
 Phases (one model loaded at a time; each pass over 44 sessions is 1.5-4 minutes on 2 busy cores):
-  (default)   the production scorers of engine/drafter.py (drafter, fusion) against BM25, with
+  (default)   the production scorers of engine/drafter.py and engine/fusion.py (drafter, fusion) against BM25, with
               reading speed and the cost of re-scoring cached units;
   --signals   raw signals: mean-pooled `l_out-L` cosine (raw and centred) for several layers, alone
               and fused with BM25; --attention adds request->unit attention at global layer 5;
@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 from engine.drafter import (
     ActivationReader,
     DrafterScorer,
-    FusionScorer,
     cosines,
     fuse,
     pack_windows,
@@ -51,6 +50,7 @@ from engine.drafter import (
     to_mass,
 )
 from engine.agent_data import terminal_log  # noqa: E402
+from engine.fusion import FusionScorer  # noqa: E402
 from benchmarks.common import window_around  # noqa: E402
 from engine.scorers import Bm25Scorer
 from policies.lexical import bm25_scores

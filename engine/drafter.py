@@ -1,6 +1,6 @@
 """The drafter: a small GGUF model read only up to one layer, to rank the units of a long message.
 
-How it reads (ENGINE-NOTES, "Reading the model's insides"): a `cb_eval` callback on the drafter's
+How it reads: a `cb_eval` callback on the drafter's
 own llama.cpp context copies the residual stream after block L (`l_out-L`) and then returns false,
 which ends the graph there, so the blocks above L cost nothing. The deeper KV is then empty, so this
 context is never used to generate.
@@ -16,21 +16,19 @@ gate) reads only its new question.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import math
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from policies.lexical import bm25_scores
+from engine.feature_cache import FeatureCache
 from policies.selection import competition_ranks
 
 if TYPE_CHECKING:
@@ -107,7 +105,7 @@ class ActivationReader:
     """Runs token windows through a GGUF model up to a stop tensor and returns tapped tensors.
 
     `taps` maps a tensor name (e.g. "l_out-8", "Qcur-5") to the occurrence to copy within one
-    micro-batch graph (1 = first; post-RoPE Q/K are the third, ENGINE-NOTES). Not thread-safe:
+    micro-batch graph (1 = first; post-RoPE Q/K are the third). Not thread-safe:
     the owner holds a lock.
     """
 
@@ -313,75 +311,6 @@ def to_mass(relevance: np.ndarray, tokens: Sequence[int]) -> list[float]:
     return [float(d) * n for d, n in zip(density, tokens)]
 
 
-# --- the feature cache --------------------------------------------------------------------------------
-
-
-class FeatureCache:
-    """Unit features keyed by sha256 of the unit text, least recently used out first, bounded by
-    bytes (vector bytes plus a fixed per-entry overhead)."""
-
-    ENTRY_OVERHEAD = 200  # key, dict slot, array header: roughly
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = max(0, budget_bytes)
-        self.bytes = 0
-        self._items: OrderedDict[bytes, tuple[np.ndarray, int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.bytes = 0
-
-    @staticmethod
-    def key(text: str) -> bytes:
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-    def get(self, key: bytes) -> tuple[np.ndarray, int] | None:
-        item = self._items.get(key)
-        if item is not None:
-            self._items.move_to_end(key)
-        return item
-
-    def export(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """The cached features of these units (float32 bytes, tokens), keyed by the unit text's
-        sha256 in hex: what a session keeps so a follow-up after eviction or a restart reads no
-        unit again. The owner holds its lock."""
-        out: dict[str, tuple[bytes, int]] = {}
-        for unit in units:
-            key = self.key(unit)
-            hit = self.get(key)
-            if hit is not None:
-                out[key.hex()] = (np.asarray(hit[0], dtype=np.float32).tobytes(), int(hit[1]))
-        return out
-
-    def restore(self, features: Mapping[str, tuple[bytes, int]], dim: int) -> int:
-        """Put a session's saved features back (those of the right size and not cached yet);
-        returns how many were added. The owner holds its lock."""
-        added = 0
-        for hex_key, (raw, n_tokens) in features.items():
-            key = bytes.fromhex(hex_key)
-            vector = np.frombuffer(raw, dtype=np.float32)
-            if self.get(key) is None and vector.shape == (dim,):
-                self.put(key, vector.copy(), int(n_tokens))
-                added += 1
-        return added
-
-    def put(self, key: bytes, vector: np.ndarray, n_tokens: int) -> None:
-        size = vector.nbytes + self.ENTRY_OVERHEAD
-        if size > self.budget_bytes:
-            return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[0].nbytes + self.ENTRY_OVERHEAD
-        self._items[key] = (vector, n_tokens)
-        self.bytes += size
-        while self.bytes > self.budget_bytes:
-            _, (evicted, _) = self._items.popitem(last=False)
-            self.bytes -= evicted.nbytes + self.ENTRY_OVERHEAD
-
-
 # --- the scorers ------------------------------------------------------------------------------------------
 
 
@@ -512,29 +441,3 @@ class DrafterScorer:
     def close(self) -> None:
         with self._lock:
             self._reader.close()
-
-
-class FusionScorer:
-    """Reciprocal-rank fusion (k=60) of BM25 (ranked by score per token, as selection uses it)
-    and a dense relevance: the drafter's cosine (`fusion`, +5 points over BM25 alone on chats,
-    ENGINE-NOTES) or the sentence encoder's (`hybrid`, engine/embedder.py). `dense` is any object
-    with `relevance(units, request) -> (relevance per unit, tokens per unit)`."""
-
-    def __init__(self, dense: Any, k: int = RRF_K, name: str = "fusion") -> None:
-        self.dense = dense
-        self.k = k
-        self.name = name
-
-    def score(self, units: Sequence[str], request: str) -> list[float]:
-        cos, n_tokens = self.dense.relevance(units, request)
-        lexical = bm25_scores(units, request)
-        density = np.array([s / n if n else 0.0 for s, n in zip(lexical, n_tokens)])
-        fused = fuse(density, cos, self.k)
-        return to_mass(fused, n_tokens)
-
-    def bundle(self) -> ScorerBundle:
-        """Fusion plays every role; the dense model's features and encoder are its own."""
-        return replace(self.dense.bundle(), compress=self, unasked=self, gate=self)
-
-    def close(self) -> None:
-        self.dense.close()

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.drafter import FeatureCache, cosines, to_mass
+from engine.drafter import cosines, to_mass
+from engine.feature_cache import FeatureCache
 from engine.scorers import GateScores, Scorer
 from policies.recall import rank_fusion
 

@@ -137,7 +137,7 @@ class LlamaEngine:
         arch = self._llm.metadata.get("general.architecture", "")
         window = int(self._llm.metadata.get(f"{arch}.attention.sliding_window", "0") or 0)
         # With a small sliding-window cache, rolling the cache back further than the retained
-        # window silently corrupts the SWA layers (ENGINE-NOTES): reuse only short rollbacks.
+        # window silently corrupts the SWA layers (tests/test_agent_errors_e2e.py depends on it): reuse only short rollbacks.
         self._max_rollback = (
             options.n_ctx if options.swa_full or window == 0 else max(0, min(window, options.n_ubatch) // 2)
         )

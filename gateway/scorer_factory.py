@@ -16,8 +16,8 @@ from engine.scorers import Bm25Scorer
 from gateway.config import Settings
 
 if TYPE_CHECKING:
-    from engine.drafter import FusionScorer
     from engine.embedder import EmbeddingScorer
+    from engine.fusion import FusionScorer
 
 log = logging.getLogger("pflash.scorer")
 
@@ -47,7 +47,8 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     except Exception as exc:  # noqa: BLE001 - never fail start-up over the head
         head_error = exc
     try:
-        from engine.drafter import DrafterScorer, FusionScorer
+        from engine.drafter import DrafterScorer
+        from engine.fusion import FusionScorer
 
         fallback = FusionScorer(DrafterScorer(drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
     except Exception as exc:  # noqa: BLE001 - the next fallback, bm25, needs nothing
@@ -68,7 +69,7 @@ def _encoder(settings: Settings) -> EmbeddingScorer:
 
 
 def _embedding_scorer(settings: Settings) -> EmbeddingScorer | FusionScorer:
-    from engine.drafter import FusionScorer
+    from engine.fusion import FusionScorer
 
     dense = _encoder(settings)
     return FusionScorer(dense, name="hybrid") if settings.scorer == "hybrid" else dense
@@ -105,7 +106,8 @@ def build_scorer(settings: Settings) -> ScorerChoice:
             log.warning("sentence encoder unavailable (%s): scoring with bm25 instead of %s", exc, settings.scorer)
             return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
     try:
-        from engine.drafter import DrafterScorer, FusionScorer
+        from engine.drafter import DrafterScorer
+        from engine.fusion import FusionScorer
         from engine.model_files import resolve_model
 
         # The drafter needs nothing from the served model: units are scored as text, each model

@@ -1,7 +1,7 @@
 """One turn, independent of the client's API: session → rewrite (kept-line maps, compression,
 recall) → engine → record what was served.
 
-Rules enforced here (DESIGN.md): history is re-rendered from the session's kept-line maps, byte
+Rules enforced here (README.md, "What it is"): history is re-rendered from the session's kept-line maps, byte
 for byte, and never compressed anew; only one NEW message of the new turn that reaches the
 threshold is compressed; any failure of the scorer serves the message whole.
 """

@@ -54,7 +54,7 @@ def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: Em
 def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:
     assert RankerScorer(dense=sentence_encoder).bundle().background is sentence_encoder
     assert isinstance(RankerScorer().bundle().gate, Bm25Scorer) and RankerScorer().bundle().background is None
-    from engine.drafter import FusionScorer
+    from engine.fusion import FusionScorer
 
     assert FusionScorer(sentence_encoder, name="hybrid").bundle().background is None  # hybrid embeds while compressing
 

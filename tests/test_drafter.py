@@ -18,11 +18,11 @@ from engine.drafter import (
     ActivationReader,
     DrafterError,
     DrafterScorer,
-    FeatureCache,
-    FusionScorer,
     fuse,
     to_mass,
 )
+from engine.feature_cache import FeatureCache
+from engine.fusion import FusionScorer
 from engine.scorers import Bm25Scorer
 from engine.truncate_gguf import TruncateError, truncate_gguf
 from policies.lexical import tokenize_for_search

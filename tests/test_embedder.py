@@ -81,7 +81,7 @@ def test_the_request_is_embedded_by_its_head(sentence_encoder: EmbeddingScorer) 
 
 
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
-    from engine.drafter import FusionScorer
+    from engine.fusion import FusionScorer
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)
@@ -105,7 +105,7 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
 
 
 def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: Path) -> None:
-    from engine.drafter import FusionScorer
+    from engine.fusion import FusionScorer
 
     scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
     assert FusionScorer(scorer, name="hybrid").bundle().encoder is scorer.encoder is scorer.bundle().encoder

@@ -204,7 +204,7 @@ def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, e
 @pytest.mark.parametrize("missing", ["head", "embedder"])
 def test_missing_head_or_encoder_falls_back_to_fusion_once(missing: str, model_path: Path, tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture) -> None:
-    from engine.drafter import FusionScorer
+    from engine.fusion import FusionScorer
     from gateway.config import load_settings
     from gateway.scorer_factory import build_scorer
 
