@@ -14,11 +14,10 @@ import codecs
 import ctypes
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from engine.base import (
 from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
 from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
 from engine.grammar_sampler import GrammarSampler
+from engine.llama_jobs import Job, RawDone, RawError, RawText
 from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
 from engine.loop_guard import LoopGuard
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
@@ -68,38 +68,6 @@ class LlamaOptions:
     seed: int = 0
     queue_size: int = 16
     repeated_line_stop: int = 0  # an answer repeating one line this many times ends (0: never)
-
-
-@dataclass(eq=False)  # hashed by identity: the engine keeps a set of live jobs
-class _Job:
-    session_id: str
-    tokens: Sequence[int]
-    params: SamplingParams
-    max_new: int
-    loop: asyncio.AbstractEventLoop
-    grammar: str | None = None  # GBNF every sampled token must fit
-    events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def emit(self, event: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
-@dataclass(frozen=True)
-class _RawText:
-    text: str
-
-
-@dataclass(frozen=True)
-class _RawDone:
-    finish_reason: str  # "stop" | "length" | "cancelled"
-    completion_tokens: int
-    stop_sequence: str | None
-
-
-@dataclass(frozen=True)
-class _RawError:
-    error: BaseException
 
 
 class LlamaEngine:
@@ -147,7 +115,7 @@ class LlamaEngine:
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-worker")
         self._pending = 0
-        self._jobs: set[_Job] = set()  # queued or running: what a shutdown cancels
+        self._jobs: set[Job] = set()  # queued or running: what a shutdown cancels
         self._closing = False
         self._current: str | None = None  # session whose KV the context holds
         self._counters: dict[str, float] = {
@@ -248,14 +216,14 @@ class LlamaEngine:
         grammar = prompt.grammar.text if prompt.grammar else None
         if prompt.grammar:
             log.info("session %s: output constrained to %s", session_id[:12], prompt.grammar.enforces)
-        job = _Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
+        job = Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
         self._jobs.add(job)
         future = job.loop.run_in_executor(self._executor, self._run, job)
         future.add_done_callback(lambda _f: self._job_done(job))
         return self._relay(job, prompt)
 
-    async def _relay(self, job: _Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
+    async def _relay(self, job: Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
         tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.parses_tool_calls else None
         # parallel_tool_calls=false: the grammar already allows one call; this also covers output
         # it cannot shape (Llama 3's bare JSON calls in prose).
@@ -280,12 +248,12 @@ class LlamaEngine:
                 if isinstance(raw, PrefillDone):
                     cached = raw.cached_tokens
                     yield raw
-                elif isinstance(raw, _RawText):
+                elif isinstance(raw, RawText):
                     for event in answer(reasoning.feed(raw.text)):
                         yield event
-                elif isinstance(raw, _RawError):
+                elif isinstance(raw, RawError):
                     raise raw.error
-                elif isinstance(raw, _RawDone):
+                elif isinstance(raw, RawDone):
                     for event in answer(reasoning.finish()):
                         yield event
                     has_calls = False
@@ -300,17 +268,17 @@ class LlamaEngine:
         finally:
             job.cancelled.set()  # a client that went away stops the worker at the next token
 
-    def _job_done(self, job: _Job) -> None:
+    def _job_done(self, job: Job) -> None:
         self._pending -= 1
         self._jobs.discard(job)
 
     # --- worker thread ---------------------------------------------------------------------------
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: Job) -> None:
         if job.cancelled.is_set():
-            job.emit(_RawDone("cancelled", 0, None))
+            job.emit(RawDone("cancelled", 0, None))
             return
         if self._closing:  # queued turns are not started once shutdown begins; the client may retry
-            job.emit(_RawError(EngineUnavailable("the server is shutting down")))
+            job.emit(RawError(EngineUnavailable("the server is shutting down")))
             return
         previous: list[SavedState] = []  # the state restored for this job, until its prefill succeeds
         try:
@@ -323,12 +291,12 @@ class LlamaEngine:
                 # retry prefills only its new tokens instead of everything.
                 self._tier.stash(job.session_id, previous[0])
                 self._counters["states_kept_after_failure"] += 1
-            job.emit(_RawError(exc))
+            job.emit(RawError(exc))
         finally:
             if self._tier is not None:
                 self._tier.holding(self._current, self._llm.n_tokens if self._current else 0)
 
-    def _generate(self, job: _Job, previous: list[SavedState]) -> None:
+    def _generate(self, job: Job, previous: list[SavedState]) -> None:
         llm = self._llm
         restored_from = self._switch_to(job.session_id, previous)
         tokens = list(job.tokens)
@@ -344,7 +312,7 @@ class LlamaEngine:
                 self._counters["prefill_tokens_evaluated"] += at - reuse
                 log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
                          job.session_id[:12], at, len(tokens))
-                job.emit(_RawDone("cancelled", 0, None))
+                job.emit(RawDone("cancelled", 0, None))
                 return
             llm.eval(tokens[at : at + self._opts.n_batch])
         previous.clear()
@@ -362,7 +330,7 @@ class LlamaEngine:
             if guided is not None:
                 guided.close()
 
-    def _sample_loop(self, job: _Job, sampler: Any, guided: GrammarSampler | None) -> None:
+    def _sample_loop(self, job: Job, sampler: Any, guided: GrammarSampler | None) -> None:
         llm = self._llm
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(job.params.stop)
@@ -380,7 +348,7 @@ class LlamaEngine:
             produced += 1
             text = stops.feed(decoder.decode(llm.detokenize([token])))
             if text:
-                job.emit(_RawText(text))
+                job.emit(RawText(text))
             if stops.hit is not None:
                 finish = "stop"
                 break
@@ -394,9 +362,9 @@ class LlamaEngine:
                 llm.eval([token])  # keep the KV covering everything the client will send back
         tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
         if tail:
-            job.emit(_RawText(tail))
+            job.emit(RawText(tail))
         self._counters["completion_tokens"] += produced
-        job.emit(_RawDone(finish, produced, stops.hit))
+        job.emit(RawDone(finish, produced, stops.hit))
 
     def _reusable_prefix(self, tokens: Sequence[int]) -> int:
         llm = self._llm

@@ -18,7 +18,8 @@ from policies.observations import message_kind
 from policies.strip import note_total_lines
 from sessions.identity import session_hash
 from sessions.record import SessionRecord
-from sessions.registry import SessionInfo, SessionRegistry
+from sessions.registry import SessionRegistry
+from sessions.session_info import SessionInfo
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _MIB = 1024 * 1024

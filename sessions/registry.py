@@ -28,12 +28,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from engine.base import SavedState
 from sessions.files import StoreLock
 from sessions.record import SessionRecord
+from sessions.session_info import SessionInfo
 from sessions.state_buffers import held_bytes
 from sessions.store import SessionStore
 
@@ -42,21 +42,6 @@ log = logging.getLogger("pflash.sessions")
 RecordSync = Literal["always", "batched", "off"]
 SYNC_INTERVAL_S = 1.0  # the batched policy's longest wait before an fsync
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    session_id: str
-    tenant: str
-    parent: str  # "" for a session; its root record's id for a branch
-    kind: str  # of the conversation: "main" | "agent" | "side" | "fork"
-    hint: str  # the agent id (Claude Code's sub-agent, Codex's thread) a branch was opened for
-    tier: str  # "context" | "ram" | "disk" | "none": where the engine finds its KV next
-    tokens: int
-    ram_bytes: int
-    disk_bytes: int
-    last_used: float
-    created_at: float
 
 
 class SessionRegistry:
