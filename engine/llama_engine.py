@@ -161,7 +161,8 @@ class LlamaEngine:
         # The tools stay in the prompt even under tool_choice "none": the rendered system text, and
         # so the KV prefix the session has cached, must not depend on one turn's choice. The
         # grammar forbids the call markup instead (engine.constraints).
-        text = self.render(messages, tools)
+        # Rendering (Jinja) and tokenizing a long prompt take milliseconds to seconds: off the loop.
+        text = await asyncio.to_thread(self.render, messages, tools)
         grammar = await asyncio.to_thread(self._grammar, constraint, tools)
         tokens = await asyncio.to_thread(self.tokenize, text)
         return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens), constraint, grammar)

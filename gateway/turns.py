@@ -108,11 +108,17 @@ class TurnService:
         try:
             record = branch.record
             self.engine.prefetch(record.session_id)  # a resume's disk read overlaps tokenizing below
-            must_fit = branch.side and await self._overflows(conv, record)
-            if not must_fit:
-                await self._refuse_hopeless_overflow(conv, record)
+            served = self._served_history(conv.messages, record)
+            candidate = self._compression_candidate(conv.messages, record)
+            # The prompt with the new messages whole, prepared once: a side request checks whether
+            # it fits, a long new message whether any budget can make it fit; it is the turn's
+            # prompt when nothing is compressed or recalled.
+            whole = await self._prepare_prompt(served, conv) if branch.side or candidate is not None else None
+            must_fit = branch.side and whole is not None and whole.n_tokens >= self.engine.n_ctx
+            if not must_fit and whole is not None and candidate is not None:
+                self._refuse_hopeless_overflow(whole, candidate[1])
             messages, report, recall = await self.rewrite(conv.messages, record, must_fit)
-            prompt = await self._prepare_prompt(messages, conv)
+            prompt = whole if whole is not None and messages == served else await self._prepare_prompt(messages, conv)
             if prompt.n_tokens >= self.engine.n_ctx:
                 raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
         except BaseException:
@@ -134,11 +140,6 @@ class TurnService:
         messages = conv.messages if record is None else self._served_history(conv.messages, record)
         return (await self._prepare_prompt(messages, conv)).n_tokens
 
-    async def _overflows(self, conv: Conversation, record: SessionRecord) -> bool:
-        """Whether the prompt, history as served and new messages whole, fills the context."""
-        whole = await self._prepare_prompt(self._served_history(conv.messages, record), conv)
-        return whole.n_tokens >= self.engine.n_ctx
-
     async def _prepare_prompt(self, messages: Sequence[Message], conv: Conversation) -> PreparedPrompt:
         try:
             constraint = output_constraint(conv.tool_choice, conv.parallel_tool_calls, conv.response_format, conv.tools)
@@ -151,14 +152,9 @@ class TurnService:
     def _served_history(self, messages: Sequence[Message], record: SessionRecord) -> tuple[Message, ...]:
         return tuple(recalled_turn(m, i, record) or self._as_served(m, record) for i, m in enumerate(messages))
 
-    async def _refuse_hopeless_overflow(self, conv: Conversation, record: SessionRecord) -> None:
+    def _refuse_hopeless_overflow(self, whole: PreparedPrompt, tokens: int) -> None:
         """The overflow 400 before compression when even the smallest budget cannot make the
         prompt fit: no scorer time is spent and no kept-line map is stored for a refused turn."""
-        candidate = self._compression_candidate(conv.messages, record)
-        if candidate is None:
-            return  # nothing to compress: the check after rewriting is the same check
-        _index, tokens = candidate
-        whole = await self._prepare_prompt(self._served_history(conv.messages, record), conv)
         floor = whole.n_tokens - tokens + math.ceil(tokens * self.compressor.smallest_keep_fraction)
         if floor >= self.engine.n_ctx:
             raise context_overflow(whole.n_tokens, self.engine.n_ctx)

@@ -380,3 +380,35 @@ def test_a_compacted_history_takes_its_kept_maps_with_it() -> None:
         before, after = asyncio.run(play())
         registry.close()
     assert (before, after) == (1, 0)
+
+
+def test_each_turn_prepares_its_prompt_once_when_nothing_changes_it() -> None:
+    """A side request checks whether it fits with the same prompt it is then served: rendered and
+    tokenized once, not twice. A turn whose new long output is compressed needs two (whole, then
+    compressed); any other turn one."""
+    scripts = conversations()
+    with tempfile.TemporaryDirectory() as tmp:
+        turns, engine, registry = service(Path(tmp))
+        calls: list[int] = []
+        real_prepare = engine.prepare
+
+        async def counting(*args: object, **kwargs: object) -> object:
+            calls.append(1)
+            return await real_prepare(*args, **kwargs)  # type: ignore[arg-type]
+
+        engine.prepare = counting  # type: ignore[method-assign]
+
+        async def run() -> list[int]:
+            counts = []
+            for conv in (scripts["main"][0], scripts["title"][0], scripts["main"][1]):
+                calls.clear()
+                turn = await turns.prepare(conv, "")
+                turns.finish(turn)
+                counts.append((len(calls), turn.compression is not None and turn.compression.compressed))
+            return counts
+
+        counts = asyncio.run(run())
+        registry.close()
+    assert counts[0] == (1, False)  # a question: one preparation
+    assert counts[1] == (1, False)  # the title (a side request): one, not a fit check and then the prompt
+    assert counts[2] == (2, True)  # the long log compressed: the whole prompt's check, then the compressed one
