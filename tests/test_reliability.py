@@ -151,7 +151,7 @@ def test_load_concurrent_multi_turn_sessions(live: Gateway) -> None:
             assert restored in ("context", "disk"), (session, turns)
         transcript = httpx.get(f"{live.url}/v1/sessions/{session}/transcript", timeout=30).json()["messages"]
         assert len(transcript) == 2 * LOAD_TURNS  # system + every question + every answer but the last
-        assert transcript[-1] == {"role": "user", "content": QUESTIONS[(LOAD_TURNS - 1) % len(QUESTIONS)]}
+        assert transcript[-1] == {"role": "user", "content": QUESTIONS[(LOAD_TURNS - 1) % len(QUESTIONS)], "kind": "user"}
     assert rss_after - rss_before < RSS_GROWTH_LIMIT, (rss_before, rss_after)
 
     after = scrape(live.url)
@@ -266,7 +266,7 @@ def test_clients_disconnecting_at_random_points(live: Gateway) -> None:
     reference = chat(None, live, second, "reference-" + uuid.uuid4().hex)
     assert answer(final) == answer(reference)  # the session's state is consistent with a fresh prefill
     transcript = httpx.get(f"{live.url}/v1/sessions/{session}/transcript", timeout=30).json()["messages"]
-    assert transcript == [{"role": m["role"], "content": m["content"]} for m in second]
+    assert transcript == [{"role": m["role"], "content": m["content"], "kind": m["role"]} for m in second]
     assert httpx.get(live.url + "/health", timeout=30).json()["status"] == "ok"
     assert "Traceback" not in live.log(), live.log()[-4000:]
 
