@@ -13,8 +13,8 @@ def run(ctx: BenchContext) -> Section:
         return Section(title, f"Skipped: no model ({ctx.model_error}).")
     if ctx.data_file("swe-dev.jsonl.zst") is None or ctx.data_file("mtrag-un-reference.jsonl.zst") is None:
         return Section(title, "Skipped: ../shared/data is missing.")
-    from engine.embedder_convert import embedder_path
-    from engine.head_train import fit_head
+    from engine.models.embedder_convert import embedder_path
+    from benchmarks.training.head_train import fit_head
 
     encoder = embedder_path(None, ctx.cache_dir / "models")
     run_ = fit_head(ctx.data_dir, ctx.model_path, encoder, cache_dir=ctx.cache_dir, report_split="test")
@@ -33,13 +33,13 @@ def run(ctx: BenchContext) -> Section:
             return "n/a"
         return "wins" if by["head"][0.27] > by["bm25"][0.27] else "does not win"
     text = (
-        f"`pflash-gateway train-head` on {run_.train_examples + run_.val_examples} long messages built from "
+        f"`python -m benchmarks.train head` on {run_.train_examples + run_.val_examples} long messages built from "
         "../shared/data (coding sessions: units holding gold lines, or lines the agent went on to use, are "
         "positives, request = the agent's asking turn and the task; "
         "MTRAG: gold passages among same-collection distractors, request = the question); features: the drafter's "
         "pooled activations of unit and request, the sentence encoder's cosine of them (its share of the best and "
         "its rank; `embed` ranks by that cosine alone), BM25, length, position and kind; split by "
-        f"session/conversation (engine/splits.json): {run_.train_groups} groups train, {run_.val_groups} validation "
+        f"session/conversation (benchmarks/training/splits.json): {run_.train_groups} groups train, {run_.val_groups} validation "
         f"(it chose the early-stopping epoch). Reported below on the test split only, which neither saw: "
         f"{run_.report_examples} requests on {run_.report_groups} sessions and conversations, built the same way. "
         "Retention = share of evidence kept when units are selected by score per token at the budget (no pipeline "

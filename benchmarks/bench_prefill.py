@@ -70,7 +70,7 @@ def one_pass(llm: Any, tokens: list[int], sizes: tuple[int, ...]) -> tuple[list[
 
 
 def run(ctx: BenchContext) -> Section:
-    from engine.model_parts import GEMMA_3_270M, QWEN_CODER_05B, assemble
+    from engine.models.parts import GEMMA_3_270M, QWEN_CODER_05B, assemble
 
     sizes, reps = (QUICK_SIZES, 2) if ctx.quick else (SIZES, REPS)
     sizes_of = {QWEN_CODER_05B.label: tuple(s for s in sizes if ctx.quick or s <= QWEN_LONGEST),

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.bench_recall import CALL_ID, DATA, Replay, build_replays
-from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, bootstrap, ci_cell, head_tail, random_units
+from benchmarks.mtrag_replays import CALL_ID, DATA, Replay, build_replays
+from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, head_tail, random_units
+from benchmarks.intervals import bootstrap, ci_cell
 from benchmarks.common import (
     BenchContext,
     MemoBundle,
@@ -58,7 +59,7 @@ class Shares:
 
 def retrieval_turn(rep: Replay, line_tokens: list[int]) -> Retrieval | None:
     """The replay's long output as the answer to a search for the gold turn's question."""
-    from policies.conversation import Message, ToolCall
+    from policies.conversation_types import Message, ToolCall
 
     first, output, later = rep.messages[0], rep.messages[rep.tool_index], rep.messages[rep.tool_index + 1 :]
     history = [first, *later]
@@ -82,7 +83,7 @@ def run(ctx: BenchContext) -> Section:
         return Section(TITLE, f"Skipped: `{ctx.data_dir / DATA}` is missing (see ../shared/data/README.md).\n")
     if ctx.model_path is None:
         return Section(TITLE, f"Skipped: no tokenizer model ({ctx.model_error}).\n")
-    from engine.splits import split_of
+    from benchmarks.training.splits import split_of
     from gateway.compressor import MessageCompressor
     from policies.budget import parse_curve, token_budget
     from policies.rendering import split_lines

@@ -41,10 +41,10 @@ from benchmarks.common import (
     pyplot,
     savefig,
 )
+from benchmarks.mtrag_replays import CALL_ID, DATA, Replay, build_replays
 from policies.recall import DEFAULT_THETA
 
 TITLE = "Follow-ups: gold passages kept or recalled by the θ gate, test split (issues 5, 12)"
-DATA = "mtrag-un-reference.jsonl.zst"
 THETAS = (0.0, 0.3, 0.4, 0.43, 0.45, 0.5, 1.0)  # peak share (policies/recall.py)
 SCORERS = ("ranker", "bm25", "embed", "hybrid")
 MODEL_FREE = ("ranker", "bm25")  # compress without a model: replayed on every conversation
@@ -56,98 +56,7 @@ GOAL = 0.95
 # more fire. 24 (~80 follow-ups) holds the sample's fired share nearer the split's.
 FOLLOWUP_CONVERSATIONS = 24
 FOLLOWUP_GOAL = 1.5  # gate-on over warm follow-up time to first token (issue 12)
-CALL_ID = "call_search"
 LABEL = f"the output of search({CALL_ID})"  # what gateway.turns._source_label would write
-
-
-@dataclass
-class Replay:
-    id: str
-    collection: str
-    messages: list[Any]  # policies.conversation.Message, the client's view
-    tool_index: int
-    question_indices: list[int]  # later user turns, in order; the last has gold passages
-    gold_spans: list[tuple[int, int]]  # 0-based inclusive line spans of the gold passages' text
-    tokens: int
-    question_tokens: list[int]
-
-
-def _passage_block(k: int, doc_id: str, text: str) -> str:
-    body = "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
-    return f"[{k}] document {doc_id}\n{body}\n\n"
-
-
-def build_replays(records: list[dict[str, Any]], count: Any, target: int, limit: int | None,
-                  seed: int, distractors: list[dict[str, Any]] | None = None, need_followup: bool = True,
-                  ) -> tuple[list[Replay], dict[str, int]]:
-    """Replays of `records`; distractor passages come from `distractors` (default: the same
-    records): passages are not labels, so a split's conversations may draw on every collection.
-    Without `need_followup`, one-question conversations are kept too (no question indices)."""
-    from policies.conversation import Message, ToolCall
-    from policies.rendering import split_lines
-
-    pool: dict[str, dict[str, str]] = {}  # collection -> document_id -> text
-    for r in distractors if distractors is not None else records:
-        for c in r.get("contexts") or []:
-            pool.setdefault(r["Collection"], {}).setdefault(c["document_id"], c["text"])
-    skipped = {"no gold passage": 0, "no follow-up": 0, "not enough distractors": 0}
-    replays: list[Replay] = []
-    for r in sorted(records, key=lambda r: r["task_id"]):
-        if limit is not None and len(replays) >= limit:
-            break
-        turns = r["input"]
-        gold = {c["document_id"]: c["text"] for c in r.get("contexts") or []}
-        if not gold:
-            skipped["no gold passage"] += 1
-            continue
-        users = [i for i, t in enumerate(turns) if t["speaker"] == "user"]
-        if len(users) < (2 if need_followup else 1):
-            skipped["no follow-up"] += 1
-            continue
-        rng = random.Random(f"{seed}:{r['task_id']}")
-        others = [d for d in sorted(pool[r["Collection"]]) if d not in gold]
-        rng.shuffle(others)
-        chosen = list(gold)
-        size = sum(count(t) for t in gold.values())
-        for d in others:
-            if size >= target:
-                break
-            chosen.append(d)
-            size += count(pool[r["Collection"]][d])
-        if size < target:
-            skipped["not enough distractors"] += 1
-            continue
-        rng.shuffle(chosen)  # gold passages at seeded places among the distractors
-        blocks: list[str] = []
-        spans: list[tuple[int, int]] = []
-        line_no = 0
-        for k, d in enumerate(chosen, 1):
-            block = _passage_block(k, d, gold.get(d) or pool[r["Collection"]][d])
-            n = len(split_lines(block))
-            if d in gold:
-                spans.append((line_no + 1, line_no + n - 2))  # the text lines: header and blank excluded
-            blocks.append(block)
-            line_no += n
-        text = "".join(blocks)
-        first_q = turns[users[0]]["text"]
-        messages = [
-            Message("user", first_q),
-            Message("assistant", "", (ToolCall(CALL_ID, "search", json.dumps({"query": first_q})),)),
-            Message("tool", text, tool_call_id=CALL_ID, name="search"),
-        ]
-        question_indices: list[int] = []
-        for t in turns[users[0] + 1 :]:
-            if t["speaker"] == "user":
-                question_indices.append(len(messages))
-                messages.append(Message("user", t["text"]))
-            else:
-                messages.append(Message("assistant", t["text"]))
-        if need_followup and (not question_indices or messages[-1].role != "user"):
-            skipped["no follow-up"] += 1
-            continue
-        replays.append(Replay(r["task_id"], r["Collection"], messages, 2, question_indices, spans, count(text),
-                              [count(messages[i].content) for i in question_indices]))
-    return replays, skipped
 
 
 # --- replaying ----------------------------------------------------------------------------------
@@ -302,7 +211,7 @@ def run(ctx: BenchContext) -> Section:
     drafter_limit = ctx.drafter_sessions if ctx.drafter_sessions is not None else (1 if ctx.quick else 60)
     drafter_wall = 45.0 if ctx.quick else 900.0
 
-    from engine.splits import split_of
+    from benchmarks.training.splits import split_of
 
     every = load_jsonl_zst(path)
     records = [r for r in every if split_of("mtrag", r["conversation_id"]) == ctx.split]
@@ -407,7 +316,7 @@ def _report(ctx: BenchContext, replays: list[Replay], skipped: dict[str, int], r
     if ctx.quick:
         out.append("**Quick run:** small outputs and few conversations; a smoke test of the benchmark, not a result.\n")
 
-    from benchmarks.bench_retention import bootstrap
+    from benchmarks.intervals import bootstrap
 
     def share(flags: Sequence[bool]) -> str:
         if not flags:

@@ -30,7 +30,7 @@ def pick_sessions(records: list[dict[str, Any]], count: int, turns: int, seed: i
 
 
 def run(ctx: BenchContext) -> Section:
-    from engine.splits import split_of
+    from benchmarks.training.splits import split_of
 
     if ctx.model_path is None:
         return Section(TITLE, f"Skipped: no model ({ctx.model_error}).")

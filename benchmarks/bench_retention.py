@@ -2,8 +2,8 @@
 
 Data: ../shared/data/swe-dev + swe-train (real mini-swe-agent sessions on SWE-bench Verified, with
 the lines their verified patch removes: the evidence the agent needed to see), test split of
-engine/splits.json only (no scorer setting was tuned on it). Long outputs are built by
-engine.agent_data (the same builders `train-head` uses on the other splits), two shapes per
+benchmarks/training/splits.json only (no scorer setting was tuned on it). Long outputs are built by
+benchmarks.training.agent_data (the same builders `benchmarks.train head` uses on the other splits), two shapes per
 session, both padded with same-repository outputs of other test sessions to just over the
 compression threshold:
 
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.intervals import ci_cell, pooled_cell
 from benchmarks.common import (
     BenchContext,
     MemoBundle,
@@ -42,7 +43,7 @@ from benchmarks.common import (
     pyplot,
     savefig,
 )
-from engine.agent_data import (
+from benchmarks.training.agent_data import (
     MARGIN,
     WRAPPER_LINES,
     LongOutput,
@@ -198,47 +199,13 @@ def run_scorer(case: Case, count: Any, memo: MemoBundle, settings: Any, keys: Se
         result.outcomes.setdefault(key, []).append(outcome(case, visible, share, plan.compressed, plan.reason))
 
 
-def bootstrap(values: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean, resampling outputs."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    if len(v) == 0:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), (n, len(v)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def pooled_cell(pairs: Sequence[tuple[int, int]], n: int = 2000, seed: int = 0) -> str:
-    """Σ shown / Σ present over outputs, with a bootstrap 95 % interval resampling outputs."""
-    import numpy as np
-
-    kept = np.asarray([p[0] for p in pairs if p[1]], dtype=float)
-    total = np.asarray([p[1] for p in pairs if p[1]], dtype=float)
-    if not len(total):
-        return "n/a"
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(total), (n, len(total)))
-    ratios = kept[pick].sum(axis=1) / total[pick].sum(axis=1)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return f"{pct(kept.sum() / total.sum())} ({pct(lo, 0)}–{pct(hi, 0)}) of {int(total.sum())}"
-
-
-def ci_cell(values: Sequence[float]) -> str:
-    if not values:
-        return "n/a"
-    lo, hi = bootstrap(values)
-    return f"{pct(mean(values))} ({pct(lo, 0)}–{pct(hi, 0)})"
-
-
 def run(ctx: BenchContext) -> Section:
     paths = [ctx.data_file(name) for name in DATA]
     if not any(paths):
         return Section(TITLE, f"Skipped: no session data in `{ctx.data_dir}` (see ../shared/data/README.md).\n")
     if ctx.model_path is None:
         return Section(TITLE, f"Skipped: no tokenizer model ({ctx.model_error}).\n")
-    from engine.splits import split_of
+    from benchmarks.training.splits import split_of
     from policies.admission import admit
     from policies.budget import parse_curve, token_budget
     from policies.segmentation import segment

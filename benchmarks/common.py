@@ -12,7 +12,6 @@ import logging
 import os
 import platform
 import statistics
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,7 +46,7 @@ class BenchContext:
     results_dir: Path = BENCH_DIR / "results"
     cache_dir: Path = BENCH_DIR / ".cache"  # git-ignored: the assembled model lives here
     seed: int = 0
-    split: str = "test"  # engine/splits.json: published numbers come from test only
+    split: str = "test"  # benchmarks/training/splits.json: published numbers come from test only
     scorers: tuple[str, ...] | None = None  # quality sections: only these scorers (None: all)
     model_path: Path | None = None
     model_error: str | None = None
@@ -60,7 +59,7 @@ class BenchContext:
             d.mkdir(parents=True, exist_ok=True)
         if self.model_path is None and self.model_error is None:
             try:
-                from engine.model_parts import GEMMA_3_270M, assemble
+                from engine.models.parts import GEMMA_3_270M, assemble
 
                 # Gemma 3 270M: these sections measure the gateway, not the model (fast and small).
                 self.model_path = assemble(GEMMA_3_270M, self.cache_dir / "models")
@@ -96,11 +95,11 @@ class BenchContext:
         scorer: Any | None = None
         try:
             if name == "bm25":
-                from engine.scorers import Bm25Scorer
+                from engine.scoring.scorers import Bm25Scorer
 
                 scorer = Bm25Scorer()
             elif name == "ranker":  # as it serves: meaning read by the sentence encoder when one loads
-                from engine.ranker import RankerScorer
+                from engine.scoring.ranker import RankerScorer
 
                 try:
                     # Its own encoder: the embed rows' unit cache must stay theirs (cold compressions).
@@ -109,11 +108,11 @@ class BenchContext:
                     self._scorer_notes["ranker"] = f"words alone: the sentence encoder did not load ({exc})"
                     scorer = RankerScorer()
             elif name == "ranker-words":  # the ranker without an encoder (ranker_embedder off, or no encoder)
-                from engine.ranker import RankerScorer
+                from engine.scoring.ranker import RankerScorer
 
                 scorer = RankerScorer()
             elif name in ("embed", "hybrid"):
-                from engine.fusion import FusionScorer
+                from engine.scoring.fusion import FusionScorer
 
                 dense = self._scorers.get("embed") if name == "hybrid" else None
                 if dense is None:
@@ -123,15 +122,15 @@ class BenchContext:
             elif name in ("drafter", "fusion"):
                 if self.model_path is None:
                     raise RuntimeError(f"no model: {self.model_error}")
-                from engine.drafter import DrafterScorer
-                from engine.fusion import FusionScorer
+                from engine.scoring.drafter import DrafterScorer
+                from engine.scoring.fusion import FusionScorer
 
                 drafter = self.scorer("drafter") if name == "fusion" else None
                 if name == "fusion" and drafter is None:
                     raise RuntimeError(self._scorer_notes.get("drafter", "drafter unavailable"))
                 scorer = FusionScorer(drafter) if name == "fusion" else DrafterScorer(self.model_path)
             elif name == "head":  # the shipped learned head on the shared drafter instance
-                from engine.head import (
+                from engine.scoring.head import (
                     SHIPPED_HEAD,
                     HeadScorer,
                     drafter_sha256,
@@ -168,8 +167,8 @@ class BenchContext:
 
     def _sentence_encoder(self) -> Any:
         """A new EmbeddingScorer on the packaged encoder, converted into the cache once."""
-        from engine.embedder import EmbeddingScorer
-        from engine.embedder_convert import embedder_path
+        from engine.scoring.embedder import EmbeddingScorer
+        from engine.models.embedder_convert import embedder_path
 
         return EmbeddingScorer(embedder_path(None, self.cache_dir / "models"))
 
@@ -204,8 +203,8 @@ def coding_sessions(ctx: BenchContext, title: str) -> list[dict[str, Any]] | Sec
     return load_jsonl_zst(data)
 
 
-# One loader and one seeded fraction for benchmarks and `train-head` alike (engine.agent_data).
-from engine.agent_data import load_jsonl_zst, stable_fraction  # noqa: E402,F401
+# One loader and one seeded fraction for benchmarks and `benchmarks.train head` alike (benchmarks.training.agent_data).
+from benchmarks.training.agent_data import load_jsonl_zst, stable_fraction  # noqa: E402,F401
 
 
 def window_around(tokens: Sequence[int], hit: int, depth: float, cap: int) -> tuple[int, int]:
@@ -260,11 +259,11 @@ class MemoScorer:
 
 
 class MemoBundle:
-    """A scorer's bundle (engine/scorer_bundle.py) with every scoring role memoised: `bundle` is
+    """A scorer's bundle (engine/scoring/bundle.py) with every scoring role memoised: `bundle` is
     what a compressor or recall gate is given, `inner` what the scorer itself offers."""
 
     def __init__(self, inner: Any) -> None:
-        from engine.scorer_bundle import ScorerBundle
+        from engine.scoring.bundle import ScorerBundle
 
         self.inner: ScorerBundle = inner
         self.name = inner.name

@@ -10,7 +10,7 @@ share of its distinct gold lines with at least one kept occurrence. "flat" count
 gateway's flatness gate (spread < 0.11) would have served whole.
 
 Phases (one model loaded at a time; each pass over 44 sessions is 1.5-4 minutes on 2 busy cores):
-  (default)   the production scorers of engine/drafter.py and engine/fusion.py (drafter, fusion) against BM25, with
+  (default)   the production scorers of engine/scoring/drafter.py and engine/scoring/fusion.py (drafter, fusion) against BM25, with
               reading speed and the cost of re-scoring cached units;
   --signals   raw signals: mean-pooled `l_out-L` cosine (raw and centred) for several layers, alone
               and fused with BM25; --attention adds request->unit attention at global layer 5;
@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.drafter import (
+from engine.scoring.drafter import (
     ActivationReader,
     DrafterScorer,
     cosines,
@@ -49,10 +49,11 @@ from engine.drafter import (
     read_pooled,
     to_mass,
 )
-from engine.agent_data import terminal_log  # noqa: E402
-from engine.fusion import FusionScorer  # noqa: E402
+from benchmarks.training.agent_data import terminal_log  # noqa: E402
+from engine.scoring.fusion import FusionScorer  # noqa: E402
 from benchmarks.common import window_around  # noqa: E402
-from engine.scorers import Bm25Scorer
+from benchmarks.intervals import bootstrap  # noqa: E402
+from engine.scoring.scorers import Bm25Scorer
 from policies.lexical import bm25_scores
 from policies.segmentation import Unit, segment
 from policies.selection import relevance_spread, select_units
@@ -131,13 +132,6 @@ def retention(case: Case, scores: Sequence[float]) -> float:
     return len(case.gold & shown) / len(case.gold)
 
 
-def bootstrap_ci(diffs: Sequence[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    d = np.asarray(diffs)
-    means = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def report(cases: list[Case], methods: dict[str, list[list[float]]], baseline: str = "bm25") -> None:
     """Mean retention, paired difference to BM25 with a bootstrap CI over sessions, and how many
     messages the gateway's flatness gate (spread < 0.11) would have served whole."""
@@ -146,7 +140,7 @@ def report(cases: list[Case], methods: dict[str, list[list[float]]], baseline: s
     for name, all_scores in methods.items():
         vals = [retention(c, s) for c, s in zip(cases, all_scores)]
         diffs = [v - b for v, b in zip(vals, base)]
-        lo, hi = bootstrap_ci(diffs)
+        lo, hi = bootstrap(diffs)
         flat = sum(relevance_spread(s, [u.tokens for u in c.units], KEEP) < 0.11 for c, s in zip(cases, all_scores))
         print(f"{name:<34} {np.mean(vals):9.3f} {np.mean(diffs):+8.3f} {f'[{lo:+.3f}, {hi:+.3f}]':>17} {flat:5d}")
 
@@ -305,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import llama_cpp
 
-    from engine.model_parts import GEMMA_3_270M, assemble
-    from engine.truncate_gguf import truncate_gguf
+    from engine.models.parts import GEMMA_3_270M, assemble
+    from engine.models.truncate_gguf import truncate_gguf
 
     full = args.model or assemble(GEMMA_3_270M, Path("/tmp/pf-models"))  # the default drafter's model
     vocab = llama_cpp.Llama(model_path=str(full), vocab_only=True, verbose=False)

@@ -52,7 +52,7 @@ def wait_for_background(url: str, jobs_before: float, timeout: float = 300.0) ->
 
 
 def to_wire(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """policies.conversation.Message list as an OpenAI chat request's messages."""
+    """policies.conversation_types.Message list as an OpenAI chat request's messages."""
     out: list[dict[str, Any]] = []
     for m in messages:
         wire: dict[str, Any] = {"role": m.role, "content": m.content}

@@ -161,7 +161,7 @@ class FloorTarget:
         self._contexts: dict[int, Any] = {}
 
     def turn(self, session: int, turn: int, messages: list[dict[str, str]], max_tokens: int) -> TurnResult:
-        from policies.conversation import Message
+        from policies.conversation_types import Message
 
         llm, template = self._contexts.get(session) or self._contexts.setdefault(session, self._make())
         started = time.perf_counter()

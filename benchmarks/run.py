@@ -103,7 +103,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drafter-sessions", type=int, default=None, metavar="N",
                    help="at most N cases read by the drafter scorers (not the published configuration)")
     p.add_argument("--split", choices=["test", "validation", "train"], default="test",
-                   help="data split of engine/splits.json (publish test only; tune on validation)")
+                   help="data split of benchmarks/training/splits.json (publish test only; tune on validation)")
     p.add_argument("--scorers", default="", metavar="NAME[,NAME]",
                    help="quality sections: run only these scorers (not the published configuration)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -201,7 +201,7 @@ def assemble(results_dir: Path, command: str, total_seconds: float, tree: TreeSt
         f"- Last written: {when}, by `{command}` at {tree.stamp} ({total_seconds:.0f} s)",
         f"- Machine: {machine_line()}",
         "- Data: `../shared/data/` (swe-dev, swe-train, mtrag-un-reference; see its README); published "
-        "numbers use the frozen test split of `engine/splits.json` only\n",
+        "numbers use the frozen test split of `benchmarks/training/splits.json` only\n",
     ]
     missing: list[str] = []
     for name in SECTION_ORDER:

@@ -137,7 +137,7 @@ def measure_overhead(model: Path, work: Path, turns: int, progress: Progress) ->
     from llama_cpp import Llama
 
     from engine.chat_templates import builtin_template
-    from policies.conversation import Message
+    from policies.conversation_types import Message
 
     template = builtin_template("gemma")
     base = [Message("system", "You are a helpful coding assistant. " * 20)]

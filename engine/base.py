@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.constraints import Grammar, OutputConstraint
-from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
+from policies.conversation_types import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
 
 
 class EngineBusy(Exception):

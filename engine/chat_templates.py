@@ -27,7 +27,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from policies.conversation import Message, ToolCall, ToolSpec
+from policies.conversation_types import Message, ToolCall, ToolSpec
 
 __all__ = [
     "BUILTIN_NAMES",

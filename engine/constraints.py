@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine.gbnf import Rules, literal, namespaced, rules_text, text_without
-from policies.conversation import ToolSpec
+from policies.conversation_types import ToolSpec
 
 __all__ = ["CallMarkup", "ConstraintError", "Grammar", "OutputConstraint", "grammar_for", "output_constraint"]
 

@@ -42,7 +42,7 @@ from engine.loop_guard import LoopGuard
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
-from policies.conversation import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
+from policies.conversation_types import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
 from policies.roles import alternate_roles
 
 log = logging.getLogger("pflash.engine")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.conversation import SamplingParams
+from policies.conversation_types import SamplingParams
 
 
 @dataclass(eq=False)  # hashed by identity: the engine keeps a set of live jobs

@@ -9,7 +9,7 @@ tag is layout, not content, and is dropped.
 
 from __future__ import annotations
 
-from policies.conversation import ReasoningDelta, TextDelta
+from policies.conversation_types import ReasoningDelta, TextDelta
 
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"

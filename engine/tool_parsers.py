@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from policies.conversation import TextDelta, ToolCall, ToolCallDelta
+from policies.conversation_types import TextDelta, ToolCall, ToolCallDelta
 
 __all__ = [
     "HermesParser",

@@ -21,7 +21,7 @@ import aiohttp
 from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillDone, PreparedPrompt
 from engine.constraints import OutputConstraint
 from engine.reasoning import ReasoningSplitter
-from policies.conversation import (
+from policies.conversation_types import (
     Finished,
     Message,
     ReasoningDelta,

@@ -13,7 +13,7 @@ from gateway.errors import ApiError
 from gateway.metrics import scorer_name, snapshot
 from gateway.session_view import compressed_view, turns_view
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.observations import message_kind
 from policies.strip import note_total_lines
 from sessions.identity import session_hash

@@ -21,7 +21,7 @@ from gateway.errors import ApiError, ApiFlavor, ErrorKind, overloaded
 from gateway.metrics import note_first_output
 from gateway.state import APP_STATE, TENANT
 from gateway.turns import Turn
-from policies.conversation import (
+from policies.conversation_types import (
     Conversation,
     Finished,
     Message,

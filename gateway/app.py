@@ -36,7 +36,7 @@ from gateway.response_history import ResponseHistory
 from gateway.scorer_factory import build_scorer
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from gateway.turns import TurnService
-from policies.conversation import Message
+from policies.conversation_types import Message
 from sessions.files import StoreLock
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore

@@ -8,7 +8,7 @@ alone, each firing on about a third of follow-ups). So once the turn that compre
 served, its units are embedded here, a few at a time and only while no turn is queued or running (an
 agent's next request waits at most one chunk), and the vectors are stored with the session, so a
 follow-up, even after a restart, embeds only its question. Until they are ready the gate scores with
-BM25 (engine/embedder.py, EmbeddingGate); a job still queued at shutdown is dropped, and that
+BM25 (engine/scoring/embedder.py, EmbeddingGate); a job still queued at shutdown is dropped, and that
 message keeps BM25 at the gate. A message the ranker compressed with meaning has its vectors already
 (stored with its kept map): its job ends at once.
 """
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.embedder import EmbeddingScorer
+from engine.scoring.embedder import EmbeddingScorer
 from sessions.record import SessionRecord
 from sessions.registry import SessionRegistry
 

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from policies.branches import BranchView, choose_branch, is_side_request, request_digests, shared_prefix
-from policies.conversation import Conversation
+from policies.conversation_types import Conversation
 from sessions.identity import SessionIdentity, branch_hint
 from sessions.record import BranchEntry, SessionRecord
 from sessions.registry import SessionRegistry

@@ -103,31 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     embedder.add_argument("--config", type=Path, default=None)
     add_settings_flags(embedder, ["store_dir"])
 
-    ranker = sub.add_parser("train-ranker", help="fit the learned ranker (--scorer ranker) from ../shared/data")
-    ranker.add_argument("--out", type=Path, required=True, metavar="RANKER.json", help="where to write the weights")
-    ranker.add_argument("--data", type=Path, default=None,
-                        help="data directory (default: ../shared/data beside a source checkout)")
-    ranker.add_argument("--config", type=Path, default=None)
-    add_settings_flags(ranker, ["store_dir", "drafter", "embedder"])
-
-    head = sub.add_parser("train-head", help="train the learned relevance head (--scorer head) from ../shared/data")
-    head.add_argument("--out", type=Path, required=True, metavar="HEAD.gguf", help="where to write the head")
-    head.add_argument("--data", type=Path, default=None,
-                      help="data directory (default: ../shared/data beside a source checkout)")
-    head.add_argument("--sessions", type=int, default=40, help="coding sessions (train+validation) to build examples from")
-    head.add_argument("--conversations", type=int, default=60, help="MTRAG conversations to build examples from")
-    head.add_argument("--epochs", type=int, default=40, help="most training epochs (early stopping on validation)")
-    head.add_argument("--seed", type=int, default=0, help="seed for the split, the initialization and the order")
-    head.add_argument("--layer", type=int, default=8, help="drafter tap layer")
-    head.add_argument("--config", type=Path, default=None)
-    add_settings_flags(head, ["store_dir", "model", "drafter", "embedder", "n_threads"])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "make-drafter":  # a file tool: needs no settings, so a bad config cannot block it
-        from engine.truncate_gguf import run_make_drafter
+        from engine.models.truncate_gguf import run_make_drafter
 
         return run_make_drafter(args.drafter_in, args.blocks, args.out)
     if getattr(args, "config", None) is None and (env_config := _env_config()):
@@ -154,17 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.cli_doctor import run_doctor
 
         return run_doctor(settings)
-    if args.command == "train-head":
-        return _train_head(settings, args)
-    if args.command == "train-ranker":
-        return _train_ranker(settings, args)
     if args.command == "make-embedder":
         return _make_embedder(settings, args.out, args.source)
     return 2
 
 
 def _make_embedder(settings: Settings, out: Path | None, source: Path | None) -> int:
-    from engine.embedder_convert import EMBEDDER_FILE, EmbedderConversionError, make_embedder
+    from engine.models.embedder_convert import EMBEDDER_FILE, EmbedderConversionError, make_embedder
 
     target = out or settings.store_dir / "models" / EMBEDDER_FILE
     try:
@@ -179,44 +157,6 @@ def _make_embedder(settings: Settings, out: Path | None, source: Path | None) ->
     return 0
 
 
-def _default_data_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "shared" / "data"  # beside a source checkout
-
-
-def _drafter_and_encoder(settings: Settings) -> tuple[Path, Path] | None:
-    """The drafter and sentence-encoder files the training commands read, or None (error printed)."""
-    from engine.embedder_convert import EmbedderConversionError, embedder_path
-    from engine.model_files import ModelFileError, resolve_model
-
-    try:  # token counts (segmentation, budgets) by the drafter's vocabulary, as the benchmarks count
-        return (resolve_model(settings.drafter, settings.store_dir / "models"),
-                embedder_path(settings.embedder, settings.store_dir / "models"))
-    except (ModelFileError, EmbedderConversionError) as exc:
-        print(f"pflash-gateway: {exc}", file=sys.stderr)
-        return None
-
-
-def _train_ranker(settings: Settings, args: argparse.Namespace) -> int:
-    from engine.ranker_train import run_train_ranker
-
-    files = _drafter_and_encoder(settings)
-    if files is None:
-        return 2
-    return run_train_ranker(args.out, args.data or _default_data_dir(), *files)
-
-
-def _train_head(settings: Settings, args: argparse.Namespace) -> int:
-    from engine.head_train import run_train_head
-
-    files = _drafter_and_encoder(settings)
-    if files is None:
-        return 2
-    data = args.data or _default_data_dir()
-    return run_train_head(args.out, data, *files, sessions=args.sessions, conversations=args.conversations,
-                          epochs=args.epochs, seed=args.seed, layer=args.layer, n_threads=settings.n_threads,
-                          cache_dir=settings.store_dir / "cache")
-
-
 def _env_config() -> Path | None:
     import os
 
@@ -227,7 +167,7 @@ def _env_config() -> Path | None:
 def _serve(settings: Settings) -> int:
     from aiohttp import web
 
-    from engine.model_files import ModelFileError
+    from engine.models.files import ModelFileError
     from gateway.app import create_app
     from gateway.engine_factory import build_engine
 

@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from engine.model_files import resolve_model
+from engine.models.files import resolve_model
 from engine.tokenizer import GgufTokenizer
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.config import Settings
 from gateway.scorer_factory import build_scorer
 from policies.admission import admit
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.rendering import split_lines
 
 

@@ -156,8 +156,8 @@ def _template_source(metadata: dict[str, str], override: str | None) -> str:
 def check_model_file(role: str, spec: str, settings: Settings, hasher: Callable[[Path], str] | None = None,
                      problem: Status = "FAIL") -> Check:
     """One model setting (a path or an embedded name): path, size, sha256, vocab-only load, chat template."""
-    from engine.model_files import ModelFileError, embedded_model, file_sha256
-    from engine.model_parts import part_paths
+    from engine.models.files import ModelFileError, embedded_model, file_sha256
+    from engine.models.parts import part_paths
 
     sha = hasher or file_sha256
     embedded = embedded_model(spec)

@@ -7,14 +7,15 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.scorer_bundle import ScorerBundle
+from cachetools import LRUCache
+
+from engine.scoring.bundle import ScorerBundle
 from policies.budget import parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.kept_lines import content_hash
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.rendering import split_lines
@@ -63,7 +64,7 @@ class MessageCompressor:
         self._curve = parse_curve(settings.budget_curve)
         # The least any message keeps (the overflow check before compression uses it).
         self.smallest_keep_fraction = min(fraction for _tokens, fraction in self._curve)
-        self._segments: OrderedDict[str, tuple[list[str], list[int], list[Unit]]] = OrderedDict()
+        self._segments: LRUCache[str, tuple[list[str], list[int], list[Unit]]] = LRUCache(_SEGMENT_CACHE_ENTRIES)
         self._lock = threading.Lock()
 
     def segment_message(self, text: str) -> tuple[list[str], list[int], list[Unit]]:
@@ -73,16 +74,13 @@ class MessageCompressor:
         key = content_hash(text)
         with self._lock:
             hit = self._segments.get(key)
-            if hit is not None:
-                self._segments.move_to_end(key)
-                return hit
+        if hit is not None:
+            return hit
         lines = split_lines(text)
         line_tokens = [self.count_tokens(line) for line in lines]
         result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment))
         with self._lock:
             self._segments[key] = result
-            while len(self._segments) > _SEGMENT_CACHE_ENTRIES:
-                self._segments.popitem(last=False)
         return result
 
     def compress(

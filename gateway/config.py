@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from engine.model_files import DEFAULT_DRAFTER, DEFAULT_MODEL
+from engine.models.files import DEFAULT_DRAFTER, DEFAULT_MODEL
 from policies.admission import DEFAULT_THRESHOLD
 from policies.budget import DEFAULT_CURVE_SPEC, parse_curve
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     )
     ranker: str | None = Field(
         None, description="Ranker weights (JSON) for --scorer ranker (default: the weights shipped with the package; "
-        "see `pflash-gateway train-ranker`).",
+        "see `python -m benchmarks.train ranker`).",
     )
     embedder: str | None = Field(
         None, description="Sentence-encoder GGUF for --scorer embed/hybrid/head and the ranker's meaning features and "

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from engine.base import Engine
-from engine.model_files import model_sha256, resolve_model
+from engine.models.files import model_sha256, resolve_model
 from gateway.config import Settings
 
 log = logging.getLogger("pflash.engine")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.compressor import MessageCompressor
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.kept_lines import content_hash
 from policies.recall import context_questions_for, decide_recall, gate_query, omitted_flags, render_excerpts
 from sessions.record import RecallEntry, SessionRecord

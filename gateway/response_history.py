@@ -10,9 +10,9 @@ with `store: false`).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from cachetools import LRUCache
 
-from policies.conversation import Message
+from policies.conversation_types import Message
 
 DEFAULT_CAPACITY = 256
 
@@ -24,22 +24,15 @@ class ResponseHistory:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._by_tenant: dict[str, OrderedDict[str, tuple[Message, ...]]] = {}
+        self._by_tenant: dict[str, LRUCache[str, tuple[Message, ...]]] = {}
 
     def put(self, tenant: str, response_id: str, messages: tuple[Message, ...]) -> None:
-        entries = self._by_tenant.setdefault(tenant, OrderedDict())
-        entries[response_id] = messages
-        entries.move_to_end(response_id)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
+        self._by_tenant.setdefault(tenant, LRUCache(self.capacity))[response_id] = messages
 
     def get(self, tenant: str, response_id: str) -> tuple[Message, ...] | None:
         """The stored conversation (reply included), or None; scoped so tenants never see each other's."""
         entries = self._by_tenant.get(tenant)
-        if entries is None or response_id not in entries:
-            return None
-        entries.move_to_end(response_id)  # a response being continued is worth keeping
-        return entries[response_id]
+        return entries.get(response_id) if entries is not None else None  # a read renews it
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self._by_tenant.values())

@@ -11,20 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.scorer_bundle import ScorerBundle
-from engine.scorers import Bm25Scorer
+from engine.scoring.bundle import ScorerBundle
+from engine.scoring.scorers import Bm25Scorer
 from gateway.config import Settings
 
 if TYPE_CHECKING:
-    from engine.embedder import EmbeddingScorer
-    from engine.fusion import FusionScorer
+    from engine.scoring.embedder import EmbeddingScorer
+    from engine.scoring.fusion import FusionScorer
 
 log = logging.getLogger("pflash.scorer")
 
 
 @dataclass(frozen=True)
 class ScorerChoice:
-    scorers: ScorerBundle  # what the configured scorer (or its fallback) offers: engine/scorer_bundle.py
+    scorers: ScorerBundle  # what the configured scorer (or its fallback) offers: engine/scoring/bundle.py
     fallback: str | None = None  # why the configured scorer was replaced, if it was
     gate_fallback: str | None = None  # why the recall gate's encoder did not load (the gate uses BM25)
 
@@ -35,8 +35,8 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     or trained on another drafter, or an encoder that does not load, is reported once and replaced by
     the next best scorer: fusion, then bm25."""
     try:
-        from engine.embedder_convert import embedder_path
-        from engine.head import open_head_scorer
+        from engine.models.embedder_convert import embedder_path
+        from engine.scoring.head import open_head_scorer
 
         encoder = embedder_path(settings.embedder, settings.store_dir / "models")
         scorer = open_head_scorer(settings.head, drafter_path, encoder, n_threads=n_threads,
@@ -47,8 +47,8 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     except Exception as exc:  # noqa: BLE001 - never fail start-up over the head
         head_error = exc
     try:
-        from engine.drafter import DrafterScorer
-        from engine.fusion import FusionScorer
+        from engine.scoring.drafter import DrafterScorer
+        from engine.scoring.fusion import FusionScorer
 
         fallback = FusionScorer(DrafterScorer(drafter_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers))
     except Exception as exc:  # noqa: BLE001 - the next fallback, bm25, needs nothing
@@ -60,8 +60,8 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
 
 
 def _encoder(settings: Settings) -> EmbeddingScorer:
-    from engine.embedder import EmbeddingScorer
-    from engine.embedder_convert import embedder_path
+    from engine.scoring.embedder import EmbeddingScorer
+    from engine.models.embedder_convert import embedder_path
 
     path = embedder_path(settings.embedder, settings.store_dir / "models")
     log.info("scorer %s: sentence encoder %s", settings.scorer, path.name)
@@ -69,7 +69,7 @@ def _encoder(settings: Settings) -> EmbeddingScorer:
 
 
 def _embedding_scorer(settings: Settings) -> EmbeddingScorer | FusionScorer:
-    from engine.fusion import FusionScorer
+    from engine.scoring.fusion import FusionScorer
 
     dense = _encoder(settings)
     return FusionScorer(dense, name="hybrid") if settings.scorer == "hybrid" else dense
@@ -80,7 +80,7 @@ def build_scorer(settings: Settings) -> ScorerChoice:
     if settings.scorer == "bm25":
         return ScorerChoice(Bm25Scorer().bundle())
     if settings.scorer == "ranker":
-        from engine.ranker import SHIPPED_RANKER, RankerError, RankerScorer, load_weights
+        from engine.scoring.ranker import SHIPPED_RANKER, RankerError, RankerScorer, load_weights
 
         path = Path(settings.ranker) if settings.ranker else SHIPPED_RANKER
         try:
@@ -106,9 +106,9 @@ def build_scorer(settings: Settings) -> ScorerChoice:
             log.warning("sentence encoder unavailable (%s): scoring with bm25 instead of %s", exc, settings.scorer)
             return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
     try:
-        from engine.drafter import DrafterScorer
-        from engine.fusion import FusionScorer
-        from engine.model_files import resolve_model
+        from engine.scoring.drafter import DrafterScorer
+        from engine.scoring.fusion import FusionScorer
+        from engine.models.files import resolve_model
 
         # The drafter needs nothing from the served model: units are scored as text, each model
         # tokenizing with its own vocabulary, so token ids are never shared and any family fits.

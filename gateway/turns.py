@@ -18,14 +18,14 @@ from typing import Any
 
 from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, PromptRejected
 from engine.constraints import ConstraintError, output_constraint
-from engine.scorer_bundle import ScorerBundle
+from engine.scoring.bundle import ScorerBundle
 from gateway.background_embedding import BackgroundEmbedder
 from gateway.branches import BranchRouter, BranchTurn
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn, turn_key
 from policies.admission import COMPRESSIBLE_ROLES, ONE_SHOT_ROLES, admit
-from policies.conversation import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
+from policies.conversation_types import Conversation, Finished, Message, TextDelta, ToolCall, ToolCallDelta
 from policies.kept_lines import KeptLineMap, apply_kept_map, content_hash
 from policies.observations import is_tool_output, is_user_words
 from sessions.identity import SessionIdentity, resolve_session

@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.conversation import Message, ToolSpec
+from policies.conversation_types import Message, ToolSpec
 
 DIGEST_HEX = 32  # 128 bits of sha256 per message: the served history of a branch, compared by digest
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.rendering import bare, split_lines
 
 MessageKind = Literal["system", "user", "assistant", "tool_output", "harness"]

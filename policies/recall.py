@@ -12,7 +12,7 @@ out scores near 1. A share of all omitted mass (the first statistic) grows with 
 omitted, not with whether the answer was: it fired on 95 % of follow-ups. θ = 0 recalls whenever
 anything is hidden; θ = 1 only when nothing visible has any relevance.
 
-A gate with two scorers (the sentence encoder and BM25, engine/embedder.py) takes the peak share of
+A gate with two scorers (the sentence encoder and BM25, engine/scoring/embedder.py) takes the peak share of
 their fused ranks (`rank_fusion`): a hidden unit that either ranks near the top counts, so the gate
 misses less of what one of them overlooks. Which units come back is still chosen by the encoder's
 relevance (`choice`), which orders whole passages better than fused ranks. On MTRAG train +
@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.observations import is_user_words
 from policies.rendering import Range, line_span_label
 from policies.segmentation import Unit
@@ -143,7 +143,7 @@ def decide_recall(
     share = peak_share(evidence, hidden)
     if share < theta or (theta >= 1.0 and share < 1.0):
         return RecallDecision(False, share, (), "below_theta")
-    # One scorer's gate (engine.scorers.gate_scores) passes the same list as both.
+    # One scorer's gate (engine.scoring.scorers.gate_scores) passes the same list as both.
     mass = evidence if choice is scores else relevance_mass(choice)
     candidates = [i for i in range(n) if hidden[i]]
     # Units at or under the median are background: they never fill the budget, unless none has

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.observations import (
     agent_command,
     is_user_words,
@@ -30,7 +30,7 @@ from policies.observations import (
 from policies.rendering import bare, split_lines
 
 # Served-model tokens of request text. BM25 uses every word, and a task's text past its first
-# lines still names what matters; a dense encoder reads only the head (engine/embedder.py). From
+# lines still names what matters; a dense encoder reads only the head (engine/scoring/embedder.py). From
 # 128 to 384 (tuning splits, gold kept at 27 %): bm25 78.3 -> 81.2 % on train, 79.6 -> 81.7 % on
 # validation; hybrid 75.3 -> 80.6 % and 79.3 -> 83.9 %.
 DEFAULT_SCORED_TOKENS = 384

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from policies.conversation import Message
+from policies.conversation_types import Message
 
 # Between merged texts, as the API adapters join adjacent text blocks.
 SEPARATOR = "\n\n"

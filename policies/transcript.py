@@ -1,7 +1,7 @@
 """Does a long text no call asked for read as a transcript: a pasted agent session or terminal log,
 several commands each followed by its output?
 
-The ranker's second weight set (engine/ranker.py) trusts a transcript's repeats (code the agent
+The ranker's second weight set (engine/scoring/ranker.py) trusts a transcript's repeats (code the agent
 opened twice); inside one tool output a repeated line is boilerplate. So text whose producing call
 was found, or that shows fewer than TRANSCRIPT_MIN_COMMANDS commands, is ranked as a tool output."""
 

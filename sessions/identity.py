@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from policies.conversation import Conversation, SessionHints
+from policies.conversation_types import Conversation, SessionHints
 
 # Claude Code's legacy metadata.user_id: "user_<hash>_account_<uuid>_session_<uuid>".
 _LEGACY_SESSION = re.compile(r"_session_([0-9a-fA-F-]{8,})$")

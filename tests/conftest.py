@@ -31,7 +31,7 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def model_path(models_dir: Path) -> Path:
     """Gemma 3 270M Q4_K_M (base model, no chat tuning): the suite's fast model and drafter."""
-    from engine.model_parts import GEMMA_3_270M, assemble
+    from engine.models.parts import GEMMA_3_270M, assemble
 
     return assemble(GEMMA_3_270M, models_dir)
 
@@ -39,7 +39,7 @@ def model_path(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def instruct_model_path(models_dir: Path) -> Path:
     """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the served default: real chat answers and tool calls."""
-    from engine.model_parts import QWEN_CODER_05B, assemble
+    from engine.models.parts import QWEN_CODER_05B, assemble
 
     return assemble(QWEN_CODER_05B, models_dir)
 
@@ -50,7 +50,7 @@ def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reference check: cosine with the numpy implementation)."""
     import re
 
-    from engine.embedder_convert import MIN_COSINE
+    from engine.models.embedder_convert import MIN_COSINE
 
     store = tmp_path_factory.mktemp("embedder-store")
     out = store / "minilm.gguf"
@@ -66,7 +66,7 @@ def embedder_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def sentence_encoder(embedder_path: Path) -> Iterator[Any]:
     """A fresh EmbeddingScorer on the converted encoder (empty unit cache), two threads."""
-    from engine.embedder import EmbeddingScorer
+    from engine.scoring.embedder import EmbeddingScorer
 
     scorer = EmbeddingScorer(embedder_path, n_threads=2)
     yield scorer

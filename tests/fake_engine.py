@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from engine.base import EngineEvent, PrefillDone, PreparedPrompt, SavedState, StateTier
 from engine.constraints import OutputConstraint
-from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolSpec, Usage
+from policies.conversation_types import Finished, Message, SamplingParams, TextDelta, ToolSpec, Usage
 
 
 def render(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:

@@ -7,8 +7,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.agent_data import build_long_outputs, gold_key, terminal_log, tool_outputs, used_later
-from engine.splits import SPLITS_FILE, deal, split_of
+from benchmarks.training.agent_data import build_long_outputs, gold_key, terminal_log, tool_outputs, used_later
+from benchmarks.training.splits import SPLITS_FILE, deal, split_of
 
 
 def _session(sid: str, gold: str = "    return a - b  # wrong sign") -> dict:
@@ -100,7 +100,7 @@ def test_the_committed_split_is_frozen_and_disjoint() -> None:
 def test_train_head_builds_from_train_and_validation_and_the_report_from_test_alone() -> None:
     from dataclasses import replace
 
-    from engine.head_train import BuildConfig
+    from benchmarks.training.head_examples import BuildConfig
 
     training, report = BuildConfig(), replace(BuildConfig(), sides=("test",))
     splits = json.loads(SPLITS_FILE.read_text())["splits"]

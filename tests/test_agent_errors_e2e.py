@@ -17,7 +17,7 @@ from aiohttp import web
 from engine.base import PromptRejected
 from engine.chat_templates import select_template
 from gateway.process import free_port
-from policies.conversation import Message
+from policies.conversation_types import Message
 from tests.conftest import Gateway, serve_in_thread
 from tests.metrics_util import scrape, total, value
 

@@ -10,7 +10,7 @@ from gateway.api import chat_output, messages_output, responses_output
 from gateway.api import messages as messages_api
 from gateway.api import responses as responses_api
 from gateway.api.messages_output import thinking_signature
-from policies.conversation import ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
+from policies.conversation_types import ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from tests.test_api_adapters import (
     MODEL,
     anthropic_client,

@@ -26,7 +26,7 @@ from gateway.api import chat_output, messages_output, responses_output
 from gateway.api import messages as messages_api
 from gateway.api import responses as responses_api
 from gateway.errors import ApiError, context_overflow
-from policies.conversation import (
+from policies.conversation_types import (
     Conversation,
     Finished,
     Message,

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from benchmarks.followup_timing import metric
-from engine.embedder import EmbeddingGate, EmbeddingScorer
-from engine.ranker import RankerScorer
-from engine.scorers import Bm25Scorer
+from engine.scoring.embedder import EmbeddingGate, EmbeddingScorer
+from engine.scoring.ranker import RankerScorer
+from engine.scoring.scorers import Bm25Scorer
 from gateway.background_embedding import BackgroundEmbedder
 from policies.recall import rank_fusion
 from sessions.record import SessionRecord
@@ -54,7 +54,7 @@ def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: Em
 def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:
     assert RankerScorer(dense=sentence_encoder).bundle().background is sentence_encoder
     assert isinstance(RankerScorer().bundle().gate, Bm25Scorer) and RankerScorer().bundle().background is None
-    from engine.fusion import FusionScorer
+    from engine.scoring.fusion import FusionScorer
 
     assert FusionScorer(sentence_encoder, name="hybrid").bundle().background is None  # hybrid embeds while compressing
 
@@ -175,7 +175,7 @@ def test_a_missing_encoder_leaves_the_gate_on_bm25_with_a_warning_and_ametric(
 def test_units_without_vectors_are_named_for_embedding_after_the_turn(sentence_encoder: EmbeddingScorer, model_path: Path) -> None:
     """A job lost to a restart: the gate scores with BM25 once and names the units, which the
     gateway embeds after that turn; the next follow-up reads them with the encoder."""
-    from policies.conversation import Message
+    from policies.conversation_types import Message
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)

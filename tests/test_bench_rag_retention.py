@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from benchmarks.bench_rag_retention import kept_share, retrieval_turn
-from benchmarks.bench_recall import Replay
-from policies.conversation import Message, ToolCall
+from benchmarks.mtrag_replays import Replay
+from policies.conversation_types import Message, ToolCall
 
 
 def test_a_passage_cut_anywhere_counts_as_lost() -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.scorers import Bm25Scorer
+from engine.scoring.scorers import Bm25Scorer
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.recall import RecallGate
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.kept_lines import KeptLineMap, content_hash
 from policies.lexical import bm25_scores
 from sessions.record import SessionRecord

@@ -9,19 +9,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.base import SavedState
-from engine.scorers import Bm25Scorer
+from engine.scoring.scorers import Bm25Scorer
 from gateway.app import create_app
 from gateway.compressor import CompressionSettings
 from gateway.config import Settings
 from gateway.turns import TurnService
 from policies.branches import BranchView, choose_branch, is_side_request, message_digest, request_digests
-from policies.conversation import Conversation, Finished, Message, SessionHints, ToolCall, ToolSpec
+from policies.conversation_types import Conversation, Finished, Message, SessionHints, ToolCall, ToolSpec
 from sessions.identity import resolve_session
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore

@@ -17,7 +17,7 @@ from engine.chat_templates import (
     builtin_template,
     select_template,
 )
-from policies.conversation import Message, ToolCall, ToolSpec
+from policies.conversation_types import Message, ToolCall, ToolSpec
 
 WEATHER = ToolSpec(
     name="get_weather",

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from engine.base import EngineEvent
 from gateway.api_handler import DISCONNECT_POLL_SECONDS, _until_client_leaves
-from policies.conversation import TextDelta
+from policies.conversation_types import TextDelta
 
 TOKEN_SECONDS = 0.01  # far faster than the poll: the connection is never idle long enough to be polled
 

@@ -133,7 +133,7 @@ def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_p
     from engine.llama_engine import LlamaEngine, LlamaOptions
     from gateway.compressor import CompressionSettings
     from gateway.turns import TurnService
-    from policies.conversation import Conversation, Message, SamplingParams, SessionHints, ToolCall
+    from policies.conversation_types import Conversation, Message, SamplingParams, SessionHints, ToolCall
     from sessions.registry import SessionRegistry
     from sessions.store import SessionStore
 
@@ -145,7 +145,7 @@ def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_p
 
     engine = LlamaEngine(LlamaOptions(model_path=model_path, model_sha256="x", n_ctx=4096))
     registry = SessionRegistry(SessionStore(tmp_path, engine.fingerprint), 10**8)
-    from engine.scorer_bundle import single
+    from engine.scoring.bundle import single
 
     turns = TurnService(engine, registry, single(BrokenScorer()),
                         CompressionSettings(300, "300:0.3 100000:0.3", 8, 64, 128, 0.11))

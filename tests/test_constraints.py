@@ -15,7 +15,7 @@ from engine.constraints import ConstraintError, OutputConstraint, grammar_for, o
 from engine.gbnf import literal, rules_text, text_without
 from engine.tool_parsers import parser_for
 from engine.upstream import to_openai_constraint
-from policies.conversation import ToolSpec
+from policies.conversation_types import ToolSpec
 from tests.grammar_check import GrammarChecker
 
 WEATHER = ToolSpec("get_weather", "Weather for a city", {

@@ -37,7 +37,7 @@ def test_healthy_setup_reports_both_models(tmp_path: Path, model_path: Path, ins
     """Both embedded models already assembled into <store>/models: each is re-hashed in full and
     reported with its path, size, verified sha256 and chat template source.
     Models: Qwen2.5-Coder-0.5B-Instruct (served) and Gemma 3 270M (drafter), vocabulary only."""
-    from engine.model_parts import GEMMA_3_270M, QWEN_CODER_05B
+    from engine.models.parts import GEMMA_3_270M, QWEN_CODER_05B
 
     store = tmp_path / "store"
     (store / "models").mkdir(parents=True)
@@ -109,7 +109,7 @@ def test_bad_model_fails(tmp_path: Path, problem: str) -> None:
 
 
 def test_default_model_with_wrong_checksum_fails(tmp_path: Path) -> None:
-    from engine.model_parts import QWEN_CODER_05B
+    from engine.models.parts import QWEN_CODER_05B
 
     store = tmp_path / "store"
     (store / "models").mkdir(parents=True)

@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.drafter import (
+from engine.scoring.drafter import (
     ActivationReader,
     DrafterError,
     DrafterScorer,
     fuse,
     to_mass,
 )
-from engine.feature_cache import FeatureCache
-from engine.fusion import FusionScorer
-from engine.scorers import Bm25Scorer
-from engine.truncate_gguf import TruncateError, truncate_gguf
+from engine.scoring.feature_cache import FeatureCache
+from engine.scoring.fusion import FusionScorer
+from engine.scoring.scorers import Bm25Scorer
+from engine.models.truncate_gguf import TruncateError, truncate_gguf
 from policies.lexical import tokenize_for_search
 
 pytestmark = pytest.mark.engine

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.embedder import EmbeddingScorer
-from engine.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
-from policies.conversation import Message
+from engine.scoring.embedder import EmbeddingScorer
+from engine.models.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
+from policies.conversation_types import Message
 from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_conversion_matches_the_reference_implementation(embedder_path: Path) -> None:
-    from engine.embedder_convert import verify
+    from engine.models.embedder_convert import verify
 
     result = verify(packaged_encoder_dir(), embedder_path)
     assert len(result.cosines) == len(CHECK_SENTENCES)
@@ -36,7 +36,7 @@ def test_reference_wordpiece_splits_like_bert() -> None:
 
 
 def test_a_broken_conversion_is_refused(embedder_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.embedder_convert as conv
+    import engine.models.embedder_convert as conv
 
     # A conversion bug (query and key weights of block 0 swapped in the GGUF only): the check
     # against the reference, which reads the untouched weights, refuses the file.
@@ -81,7 +81,7 @@ def test_the_request_is_embedded_by_its_head(sentence_encoder: EmbeddingScorer) 
 
 
 def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path, model_path: Path) -> None:
-    from engine.fusion import FusionScorer
+    from engine.scoring.fusion import FusionScorer
     from tests.test_recall_features import rewrite_setup
 
     service, messages = rewrite_setup(model_path)
@@ -105,7 +105,7 @@ def test_units_are_embedded_once_and_travel_with_the_session(embedder_path: Path
 
 
 def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: Path) -> None:
-    from engine.fusion import FusionScorer
+    from engine.scoring.fusion import FusionScorer
 
     scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
     assert FusionScorer(scorer, name="hybrid").bundle().encoder is scorer.encoder is scorer.bundle().encoder

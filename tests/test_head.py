@@ -14,10 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.head import (
+from engine.scoring.head import (
     ENCODER_KEY,
     SCALARS,
-    SHIPPED_HEAD,
     HeadError,
     HeadScorer,
     RelevanceHead,
@@ -25,7 +24,7 @@ from engine.head import (
     load_head,
     save_head,
 )
-from engine.head_train import TrainConfig, retention, train
+from benchmarks.training.head_train import TrainConfig, retention, train
 
 D = 8  # a tiny "drafter" width for the synthetic tests
 E = 4  # a tiny sentence encoder's
@@ -175,8 +174,8 @@ def test_an_encoder_of_another_width_is_refused() -> None:
 def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, embedder_path: Path) -> None:
     """The shipped head on the real drafter and encoder: its units' features of both models are kept
     with the session, so the recall gate after a restart reads only the new question."""
-    from engine.head import open_head_scorer
-    from policies.conversation import Message
+    from engine.scoring.head import open_head_scorer
+    from policies.conversation_types import Message
     from sessions.record import SessionRecord
     from tests.test_recall_features import rewrite_setup
 
@@ -204,7 +203,7 @@ def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, e
 @pytest.mark.parametrize("missing", ["head", "embedder"])
 def test_missing_head_or_encoder_falls_back_to_fusion_once(missing: str, model_path: Path, tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture) -> None:
-    from engine.fusion import FusionScorer
+    from engine.scoring.fusion import FusionScorer
     from gateway.config import load_settings
     from gateway.scorer_factory import build_scorer
 
@@ -232,7 +231,7 @@ def test_head_scorer_compresses_end_to_end(start_gateway, embedder_path: Path) -
 
 
 def test_unit_kinds_match_segmentation() -> None:
-    from engine.head import unit_kinds
+    from engine.scoring.head import unit_kinds
     from policies.rendering import split_lines
     from policies.segmentation import segment
     from tests.test_compression_e2e import python_module
@@ -246,7 +245,7 @@ def test_unit_kinds_match_segmentation() -> None:
 @pytest.mark.engine
 def test_train_head_command_trains_with_the_encoder_and_the_gateway_loads_it(model_path: Path, embedder_path: Path,
                                                                               tmp_path: Path) -> None:
-    """`pflash-gateway train-head` end to end on a tiny MTRAG-shaped data folder (conversation ids of
+    """`python -m benchmarks.train head` end to end on a tiny MTRAG-shaped data folder (conversation ids of
     the frozen train and validation splits, invented passages): it reads the drafter and the encoder,
     writes a head that records its encoder, and a scorer opens it on the same files."""
     import json
@@ -255,8 +254,8 @@ def test_train_head_command_trains_with_the_encoder_and_the_gateway_loads_it(mod
 
     import zstandard
 
-    from engine.head import load_head, open_head_scorer
-    from engine.splits import SPLITS_FILE
+    from engine.scoring.head import load_head, open_head_scorer
+    from benchmarks.training.splits import SPLITS_FILE
     from tests.conftest import ROOT
 
     sides = json.loads(SPLITS_FILE.read_text())["splits"]["mtrag"]
@@ -276,7 +275,7 @@ def test_train_head_command_trains_with_the_encoder_and_the_gateway_loads_it(mod
     raw = "".join(json.dumps(r) + "\n" for r in records).encode()
     (data / "mtrag-un-reference.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
     out = tmp_path / "head.gguf"
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "train-head", "--out", str(out), "--data", str(data),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train", "head", "--out", str(out), "--data", str(data),
                            "--drafter", str(model_path), "--embedder", str(embedder_path), "--epochs", "3",
                            "--store-dir", str(tmp_path / "store"), "--n-threads", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_parts import ChunkedModel, ModelFileError, Part, assemble, stamp_path, stamped_sha256
+from engine.models.parts import ChunkedModel, ModelFileError, Part, assemble, stamp_path, stamped_sha256
 
 SIZES = (4096, 4096, 1000)
 
@@ -144,7 +144,7 @@ def test_serve_refuses_a_corrupted_copy_of_a_real_part_with_one_line(tmp_path: P
     (one byte flipped) found first on the path: it stops before loading anything, with one line."""
     import subprocess
 
-    from engine.model_parts import QWEN_CODER_05B, package_dir
+    from engine.models.parts import QWEN_CODER_05B, package_dir
     from tests.conftest import ROOT
 
     part = QWEN_CODER_05B.parts[0]

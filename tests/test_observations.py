@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.conversation import Message
+from policies.conversation_types import Message
 from policies.observations import (
     agent_command,
     is_harness_message,

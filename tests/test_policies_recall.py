@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.recall import (
     RecallDecision,
     context_questions_for,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.rendering import split_lines
 from policies.request_finding import DEFAULT_SCORED_TOKENS, find_request
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.chat_templates import select_template
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.roles import alternate_roles
 
 # Strict user/assistant alternation after an optional leading system message (Gemma's rule).

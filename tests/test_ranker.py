@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from engine.ranker import (
+from engine.scoring.ranker import (
     ANSWERS_CALL,
     FEATURES,
     SET_FEATURES,
@@ -25,8 +25,8 @@ from engine.ranker import (
     load_weights,
     ranker_features,
 )
-from engine.scorer_bundle import ScorerBundle
-from engine.scorers import Bm25Scorer
+from engine.scoring.bundle import ScorerBundle
+from engine.scoring.scorers import Bm25Scorer
 
 FILLER = [
     "def render_header(page):\n    return page.title.upper()\n",
@@ -187,14 +187,14 @@ SWE_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 @pytest.mark.skipif(not (SWE_DATA / "swe-dev.jsonl.zst").is_file(), reason="../shared/data is not here")
 def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_path: Path) -> None:
-    """`pflash-gateway train-ranker` from a small data set: a file that loads, and no test-split session read."""
+    """`python -m benchmarks.train ranker` from a small data set: a file that loads, and no test-split session read."""
     import subprocess
     import sys
 
     import zstandard
 
-    from engine.agent_data import load_jsonl_zst
-    from engine.splits import split_of
+    from benchmarks.training.agent_data import load_jsonl_zst
+    from benchmarks.training.splits import split_of
 
     records = load_jsonl_zst(SWE_DATA / "swe-dev.jsonl.zst")
     astropy = [r for r in records if r["id"].startswith("astropy__")]
@@ -207,7 +207,7 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     (data / "swe-dev.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
     out = tmp_path / "ranker.json"
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "train-ranker", "--out", str(out), "--data", str(data),
+        [sys.executable, "-m", "benchmarks.train", "ranker", "--out", str(out), "--data", str(data),
          "--drafter", str(model_path), "--store-dir", str(tmp_path / "store")],
         capture_output=True, text=True, timeout=600,
     )
@@ -237,7 +237,7 @@ def test_units_that_match_nothing_are_ranked_alike_wherever_they_stand() -> None
 def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
     """Length alone must not choose what to keep: no evidence, no compression (as with BM25)."""
     from gateway.compressor import CompressionSettings, MessageCompressor
-    from policies.conversation import Message
+    from policies.conversation_types import Message
 
     output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
     assert RankerScorer().score(FILLER, "zzqx wvut") == [0.0] * len(FILLER)
@@ -256,7 +256,7 @@ def test_the_compressor_scores_unasked_transcripts_with_the_unasked_weights() ->
     a transcript without its call (a session log after the task) gets the unasked set; a single output
     without its call is no transcript and keeps the call's weights."""
     from gateway.compressor import CompressionSettings, MessageCompressor
-    from policies.conversation import Message, ToolCall
+    from policies.conversation_types import Message, ToolCall
 
     class Recording:
         def __init__(self, name: str) -> None:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from benchmarks.followup_timing import metric
-from engine.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
-from engine.ranker import (
+from engine.scoring.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
+from engine.scoring.ranker import (
     ANSWERS_CALL,
     DENSE_FEATURES,
     MEANING_SHARE,
@@ -28,7 +28,7 @@ from engine.ranker import (
     meaning_features,
     ranker_features,
 )
-from engine.scorers import Bm25Scorer
+from engine.scoring.scorers import Bm25Scorer
 from tests.test_compression_e2e import post, tool_conversation, transcript
 
 pytestmark = pytest.mark.engine

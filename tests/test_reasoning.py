@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
-from policies.conversation import ReasoningDelta, TextDelta
+from policies.conversation_types import ReasoningDelta, TextDelta
 
 
 def split(chunks: list[str], starts_inside: bool = False) -> tuple[str, str]:

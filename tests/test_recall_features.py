@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
 
@@ -41,13 +41,13 @@ def rewrite_setup(model_path: Path) -> tuple[Callable[[Any], Any], list[Message]
 
 def bundle_of(scorer: Any) -> Any:
     """A real scorer's own bundle; a test's stub plays every role."""
-    from engine.scorer_bundle import single
+    from engine.scoring.bundle import single
 
     return scorer.bundle() if hasattr(scorer, "bundle") else single(scorer)
 
 
 def test_follow_up_after_restart_reads_only_the_question(model_path: Path) -> None:
-    from engine.drafter import DrafterScorer
+    from engine.scoring.drafter import DrafterScorer
 
     service, messages = rewrite_setup(model_path)
 

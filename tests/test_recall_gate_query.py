@@ -10,7 +10,7 @@ import pytest
 
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.recall import RecallGate
-from policies.conversation import Message, ToolCall
+from policies.conversation_types import Message, ToolCall
 from policies.kept_lines import KeptLineMap, content_hash
 from sessions.record import SessionRecord
 from tests.test_recall_features import bundle_of
@@ -70,7 +70,7 @@ def test_the_setting_overrides_the_scorer_default() -> None:
 
 def test_the_ranker_gate_asks_its_gate_scorer_not_the_ranker() -> None:
     """The ranker compresses; its gate statistic comes from BM25 (its bundle's gate)."""
-    from engine.ranker import RankerScorer
+    from engine.scoring.ranker import RankerScorer
 
     ranker = RankerScorer()
     gate = Recording("bm25")

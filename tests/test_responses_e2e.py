@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from gateway.response_history import ResponseHistory
-from policies.conversation import Message
+from policies.conversation_types import Message
 from sessions.identity import session_hash
 from tests.conftest import Gateway
 

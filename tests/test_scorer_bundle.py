@@ -1,4 +1,4 @@
-"""The scorer bundle (engine/scorer_bundle.py) is complete for every scorer name: what the gateway
+"""The scorer bundle (engine/scoring/bundle.py) is complete for every scorer name: what the gateway
 reads of a scorer (its roles, the features a session keeps, the encoder it gives every core when
 idle, the background encoder, the gate's readings and counters) is stated where it is built."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.embedder import EmbeddingScorer
-from engine.scorer_bundle import ScorerBundle
-from engine.scorers import Bm25Scorer
+from engine.scoring.embedder import EmbeddingScorer
+from engine.scoring.bundle import ScorerBundle
+from engine.scoring.scorers import Bm25Scorer
 from gateway.config import Settings, load_settings
 from gateway.scorer_factory import build_scorer
 

@@ -140,7 +140,7 @@ def test_engine_enforces_single_call_and_json_schema(tmp_path: Path, model_path:
     with parallel_tool_calls=false, and a JSON answer valid against a response_format schema."""
     from engine.constraints import output_constraint
     from engine.llama_engine import LlamaEngine, LlamaOptions
-    from policies.conversation import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
+    from policies.conversation_types import Finished, Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
 
     engine = LlamaEngine(LlamaOptions(model_path=model_path, model_sha256="x", n_ctx=2048))
     tools = [ToolSpec(name, "", schema) for name, schema in SCHEMAS.items()]
@@ -222,7 +222,7 @@ def test_upstream_receives_parallel_flag_and_response_format(recording_proxy: An
     """Engine level, as for the in-process engine: the adapters pass these fields after the API work."""
     from engine.constraints import output_constraint
     from engine.upstream import UpstreamEngine, UpstreamOptions
-    from policies.conversation import Message, SamplingParams, TextDelta, ToolSpec
+    from policies.conversation_types import Message, SamplingParams, TextDelta, ToolSpec
 
     engine = UpstreamEngine(UpstreamOptions(base_url=recording_proxy.url + "/v1", n_ctx=4096),
                             count_tokens=lambda text: len(text) // 3, tokenizer_name="characters")

@@ -20,7 +20,7 @@ from engine.tool_parsers import (
     new_call_id,
     parser_for,
 )
-from policies.conversation import TextDelta, ToolCall, ToolCallDelta
+from policies.conversation_types import TextDelta, ToolCall, ToolCallDelta
 
 # ---------------------------------------------------------------------------------------------
 # Hermes

@@ -20,7 +20,7 @@ import pytest
 from gateway.app import tenant_of
 from sessions.identity import session_hash
 from tests.conftest import Gateway
-from tests.test_compression_e2e import post, python_module
+from tests.test_compression_e2e import python_module
 from tests.test_status_api_e2e import RecalledSession, make_recalled_session, recalled_session  # noqa: F401
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from policies.conversation import Attachment
+from policies.conversation_types import Attachment
 
 # data:[<media type>][;base64],<data>
 _DATA_URL = re.compile(r"^data:(?P<media>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*),(?P<data>.*)$", re.DOTALL)

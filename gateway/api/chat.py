@@ -23,7 +23,7 @@ from gateway.api.wire import (
     validate,
 )
 from gateway.errors import invalid
-from policies.conversation import (
+from policies.conversation_types import (
     Attachment,
     Conversation,
     Message,

@@ -11,7 +11,7 @@ from gateway.api.wire import (
     with_prefix,
 )
 from gateway.errors import ApiError, error_body
-from policies.conversation import (
+from policies.conversation_types import (
     Conversation,
     Finished,
     ReasoningDelta,

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.api.wire import arguments_object
 from gateway.errors import invalid
-from policies.conversation import ToolCall, ToolSpec
+from policies.conversation_types import ToolCall, ToolSpec
 
 LOCAL_SHELL = "local_shell"
 

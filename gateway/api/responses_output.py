@@ -12,7 +12,7 @@ from gateway.api.wire import (
     with_prefix,
 )
 from gateway.errors import ApiError
-from policies.conversation import (
+from policies.conversation_types import (
     Conversation,
     Finished,
     ReasoningDelta,

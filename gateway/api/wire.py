@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from gateway.errors import ApiError, invalid
-from policies.conversation import SessionHints
+from policies.conversation_types import SessionHints
 
 # --------------------------------------------------------------------------------------------
 

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.drafter import RRF_K, fuse, to_mass
+from engine.scoring.drafter import RRF_K, fuse, to_mass
 from policies.lexical import bm25_scores
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 
 class FusionScorer:
     """Reciprocal-rank fusion (k=60) of BM25 (ranked by score per token, as selection uses it)
     and a dense relevance: the drafter's cosine (`fusion`, +5 points over BM25 alone on chats,
-    the drafter's notes) or the sentence encoder's (`hybrid`, engine/embedder.py). `dense` is any object
+    the drafter's notes) or the sentence encoder's (`hybrid`, engine/scoring/embedder.py). `dense` is any object
     with `relevance(units, request) -> (relevance per unit, tokens per unit)`."""
 
     def __init__(self, dense: Any, k: int = RRF_K, name: str = "fusion") -> None:

@@ -18,7 +18,7 @@ gateway found (`answers_call`) is ranked by what the call and the agent's words 
 no call asked for (a pasted session log: policies/transcript.py) has only the task around it;
 there the transcript itself shows where attention went: lines it shows more than once (the code
 the agent opened again before editing it) are a further feature. Weights are fitted by
-`pflash-gateway train-ranker` on the train and validation splits of engine/splits.json (gold lines
+`python -m benchmarks.train ranker` on the train and validation splits of benchmarks/training/splits.json (gold lines
 of real coding sessions) and shipped as JSON. Without the encoder no model is needed (a 30K-token
 output scores in milliseconds); with it a 30K-token output costs ~2.5 s on two cores, and each
 unit's vector is kept for the recall gate (gateway/background_embedding.py embeds the rest after
@@ -41,14 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
-from engine.scorers import Bm25Scorer, Scorer
+from engine.models.files import SHIPPED_RANKER
+from engine.scoring.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
+from engine.scoring.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 SCHEMA = "pflash.ranker"
 VERSION = 3
@@ -78,7 +79,6 @@ SET_FEATURES: dict[str, tuple[str, ...]] = {
 }
 EVIDENCE = [FEATURES.index(name) for name in ("bm25_of_best", "line_bm25_of_best", "cited_line_share")]
 log = logging.getLogger("pflash.ranker")
-SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "ranker.json"
 RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
 # A request number (2+ digits, or a range); unit lines' numbers come from policies.line_numbers.
 _CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
@@ -313,7 +313,7 @@ class RankerScorer:
     gate asks another scorer (`gate_scorer`): the weights were fitted on what a first compression
     must keep of coding outputs, and a follow-up question is a different query. With `dense` and
     `gate_meaning` the gate fuses the sentence encoder's ranks with BM25's once the units are
-    embedded (engine/embedder.py, EmbeddingGate; compression with meaning embeds them, else
+    embedded (engine/scoring/embedder.py, EmbeddingGate; compression with meaning embeds them, else
     gateway/background_embedding.py does after the turn), else BM25. The unasked set shares the
     gate: it is asked of the top-level scorer only."""
 
@@ -339,7 +339,7 @@ class RankerScorer:
     def bundle(self) -> ScorerBundle:
         """Its unasked set for transcripts, its own gate; the encoder's unit vectors travel with a
         session, and a gate that reads meaning has the units it lacks embedded after the turn."""
-        from engine.scorer_bundle import ScorerBundle
+        from engine.scoring.bundle import ScorerBundle
 
         gate = self.gate_scorer
         embedding_gate = gate if isinstance(gate, EmbeddingGate) else None

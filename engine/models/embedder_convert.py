@@ -292,7 +292,7 @@ class CheckResult:
 
 def verify(folder: Path, gguf_path: Path, sentences: Sequence[str] = CHECK_SENTENCES) -> CheckResult:
     """Embed each sentence with llama.cpp (the converted file) and with the numpy reference."""
-    from engine.embedder import LlamaEncoder
+    from engine.scoring.embedder import LlamaEncoder
 
     cfg = BertConfig.load(folder)
     weights = read_safetensors(folder / "model.safetensors")

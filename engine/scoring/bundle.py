@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.scorers import FeatureStore, GateScores, Scorer
+from engine.scoring.scorers import FeatureStore, GateScores, Scorer
 
 if TYPE_CHECKING:
-    from engine.embedder import EmbeddingScorer, LlamaEncoder
-    from engine.ranker import MeaningFailures
+    from engine.scoring.embedder import EmbeddingScorer, LlamaEncoder
+    from engine.scoring.ranker import MeaningFailures
 
 GateReadings = Callable[[Sequence[str], str], GateScores]
 
@@ -27,7 +27,7 @@ class ScorerBundle:
     compress: Scorer  # ranks a new output's units against the request
     unasked: Scorer  # ranks a transcript no call asked for (policies/transcript.py)
     gate: Scorer  # the recall gate's scorer
-    # The gate's two readings (evidence, choice) when it separates them (engine/embedder.py's
+    # The gate's two readings (evidence, choice) when it separates them (engine/scoring/embedder.py's
     # EmbeddingGate); otherwise its one score serves both.
     gate_readings: GateReadings | None = None
     features: FeatureStore | None = None  # unit features a session keeps (restarts, recall)

@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.models.files import SHIPPED_HEAD
 from policies.lexical import bm25_scores
 from policies.segmentation import KINDS, detect_kind
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.head")
 
@@ -48,8 +49,6 @@ SCALARS: tuple[str, ...] = (
     *(f"kind_{k}" for k in KINDS), "embed_cos", "embed_share", "embed_rank",
 )
 VECTOR_PARTS: tuple[str, ...] = ("prod", "absdiff")
-SHIPPED_DIR = Path(__file__).resolve().parent / "heads"
-SHIPPED_HEAD = SHIPPED_DIR / "gemma3-270m.head.gguf"
 ENCODER_KEY = "embed:"  # prefix of the encoder's unit features in a session's saved features
 
 
@@ -242,7 +241,7 @@ def load_head(path: Path | str, drafter_sha256: str | None = None) -> RelevanceH
         raise HeadError(
             f"{path.name} was trained on drafter {drafter_name or '?'} (sha256 {trained_on[:12]}…), "
             f"not on this drafter file (sha256 {drafter_sha256[:12]}…): retrain it with "
-            "`pflash-gateway train-head` for this drafter")
+            "`python -m benchmarks.train head` for this drafter")
     t = {tensor.name: np.array(tensor.data, dtype=np.float64) for tensor in reader.tensors}
     n_embd = int(_field(reader, "pflash.head.n_embd"))
     f_dim = len(VECTOR_PARTS) * n_embd + len(SCALARS)
@@ -266,7 +265,7 @@ _sha_cache: dict[tuple[str, int, int], str] = {}
 
 def drafter_sha256(path: Path | str) -> str:
     """sha256 of a drafter file, memoised by (path, size, mtime): start-up hashes it once."""
-    from engine.model_files import file_sha256
+    from engine.models.files import file_sha256
 
     p = Path(path).resolve()
     st = p.stat()
@@ -309,7 +308,7 @@ class HeadScorer:
         self.encoder = encoder
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
-        from engine.drafter import to_mass
+        from engine.scoring.drafter import to_mass
 
         feats, query, n_tokens = drafter_features(self.drafter, units, request)
         embed_cos, _ = self.encoder.relevance(units, request)
@@ -329,7 +328,7 @@ class HeadScorer:
 
     def bundle(self) -> ScorerBundle:
         """The head plays every role; both models' features travel with a session (above)."""
-        from engine.scorer_bundle import ScorerBundle
+        from engine.scoring.bundle import ScorerBundle
 
         return ScorerBundle(self, self, self, features=self, encoder=self.encoder.encoder)
 
@@ -342,8 +341,8 @@ def open_head_scorer(head_path: Path | str | None, drafter_path: Path | str, enc
                      n_threads: int | None = None, n_gpu_layers: int = 0) -> HeadScorer:
     """Load and verify a head against the drafter file (sha256), then load the drafter at the
     head's tap layer and the sentence encoder. Raises HeadError (or a model's error) on any mismatch."""
-    from engine.drafter import DrafterScorer
-    from engine.embedder import EmbeddingScorer
+    from engine.scoring.drafter import DrafterScorer
+    from engine.scoring.embedder import EmbeddingScorer
 
     path = Path(head_path) if head_path else SHIPPED_HEAD
     head = load_head(path, drafter_sha256(drafter_path))

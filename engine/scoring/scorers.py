@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from cachetools import LRUCache
 
 from policies.lexical import bm25_of_counts, tokenize_for_search
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 # A unit's counts take ~10 KB; a 17K-token output has ~50 units: ~10 MB for the last ~20 long messages.
 DEFAULT_CACHED_UNITS = 1024
@@ -38,31 +40,28 @@ class Bm25Scorer:
     def __init__(self, cache_units: int = DEFAULT_CACHED_UNITS) -> None:
         self.cache_units = max(0, cache_units)
         self.units_tokenized = 0
-        self._counts: OrderedDict[bytes, Counter[str]] = OrderedDict()
+        self._counts: LRUCache[bytes, Counter[str]] | None = LRUCache(self.cache_units) if self.cache_units else None
         self._lock = threading.Lock()
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         return bm25_of_counts([self._term_counts(u) for u in units], request)
 
     def bundle(self) -> ScorerBundle:
-        from engine.scorer_bundle import single
+        from engine.scoring.bundle import single
 
         return single(self)
 
     def _term_counts(self, unit: str) -> Counter[str]:
         key = hashlib.sha256(unit.encode("utf-8", "surrogatepass")).digest()
         with self._lock:
-            hit = self._counts.get(key)
-            if hit is not None:
-                self._counts.move_to_end(key)
-                return hit
+            hit = self._counts.get(key) if self._counts is not None else None
+        if hit is not None:
+            return hit
         counts = Counter(tokenize_for_search(unit))  # outside the lock: the slow part
         with self._lock:
             self.units_tokenized += 1
-            if self.cache_units:
+            if self._counts is not None:
                 self._counts[key] = counts
-                while len(self._counts) > self.cache_units:
-                    self._counts.popitem(last=False)
         return counts
 
 

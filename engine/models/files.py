@@ -10,18 +10,24 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from engine.model_parts import GEMMA_3_270M, QWEN_CODER_05B, ChunkedModel, ModelFileError, assemble, stamped_sha256
+from engine.models.parts import GEMMA_3_270M, QWEN_CODER_05B, ChunkedModel, ModelFileError, assemble, stamped_sha256
 
 __all__ = [
     "DEFAULT_DRAFTER",
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
     "ModelFileError",
+    "SHIPPED_HEAD",
+    "SHIPPED_RANKER",
     "embedded_model",
     "file_sha256",
     "model_sha256",
     "resolve_model",
 ]
+
+# Trained scorer weights, shipped as package data beside this module.
+SHIPPED_HEAD = Path(__file__).resolve().parent / "heads" / "gemma3-270m.head.gguf"
+SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "ranker.json"
 
 # The names `--model` and `--drafter` accept besides a path.
 EMBEDDED_MODELS: dict[str, ChunkedModel] = {

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.feature_cache import FeatureCache
+from engine.scoring.feature_cache import FeatureCache
 from policies.selection import competition_ranks
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.drafter")
 
@@ -434,7 +434,7 @@ class DrafterScorer:
 
     def bundle(self) -> ScorerBundle:
         """The drafter plays every role; its unit features travel with a session."""
-        from engine.scorer_bundle import single
+        from engine.scoring.bundle import single
 
         return single(self, features=self)
 

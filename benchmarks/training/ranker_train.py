@@ -1,11 +1,11 @@
-"""`pflash-gateway train-ranker`: fit the learned ranker's weights (engine/ranker.py) on real sessions.
+"""`python -m benchmarks.train ranker`: fit the learned ranker's weights (engine/scoring/ranker.py) on real sessions.
 
-Examples are the long outputs the retention benchmark measures (engine.agent_data), built from the
-train and validation splits of engine/splits.json only; the test split is never read. Each output is
+Examples are the long outputs the retention benchmark measures (benchmarks.training.agent_data), built from the
+train and validation splits of benchmarks/training/splits.json only; the test split is never read. Each output is
 segmented and its request found exactly as serving does (gateway.compressor's steps), and a unit is
 positive when it shows one of the session's gold lines. The sentence encoder reads every unit and
 request once (the meaning features; a few minutes on two cores). Each weight set is fitted on the
-outputs of its kind (engine/ranker.py, policies/transcript.py): unasked transcripts (session logs
+outputs of its kind (engine/scoring/ranker.py, policies/transcript.py): unasked transcripts (session logs
 with their task; tool outputs with the task alone, which the padding makes transcripts), and the
 rest, each once on the lexical features alone and once with meaning. The
 fit is checked two ways before the shipped weights are fitted on train and validation together:
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.embedder import EmbeddingScorer
-from engine.ranker import ANSWERS_CALL, FEATURES, SET_FEATURES, UNASKED, WITH_MEANING, RankerWeights, WeightSet, \
+from engine.scoring.embedder import EmbeddingScorer
+from engine.scoring.ranker import ANSWERS_CALL, FEATURES, SET_FEATURES, UNASKED, WITH_MEANING, RankerWeights, WeightSet, \
     columns_of, fit_weights, load_weights, meaning_candidates, meaning_features, ranker_features
 
 DATA_FILES = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
@@ -47,13 +47,13 @@ class Example:
     sizes: list[int]  # characters per unit
     labels: np.ndarray
     plan_input: tuple[str, list[int], list[Any], int, tuple[int, int] | None]  # what the planner needs
-    output: Any  # the engine.agent_data.LongOutput, for its gold lines
+    output: Any  # the benchmarks.training.agent_data.LongOutput, for its gold lines
 
 
 def build_examples(data_dir: Path, count: Callable[[str], int], dense: EmbeddingScorer,
                    splits: Sequence[str] = TRAIN_SPLITS, progress: Callable[[str], None] = lambda _: None) -> list[Example]:
-    from engine.agent_data import MARGIN, build_long_outputs, gold_units, load_jsonl_zst, serving_messages
-    from engine.splits import split_of
+    from benchmarks.training.agent_data import MARGIN, build_long_outputs, gold_units, load_jsonl_zst, serving_messages
+    from benchmarks.training.splits import split_of
     from policies.admission import DEFAULT_THRESHOLD as threshold
     from policies.request_finding import DEFAULT_SCORED_TOKENS as request_tokens
     from policies.request_finding import find_request
@@ -93,7 +93,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], dense: Embedding
 
 def gold_kept(examples: Sequence[Example], score: Callable[[Example], Sequence[float]]) -> list[float]:
     """Per serving request: the share of its gold lines kept at CHECK_RATIO through the planner."""
-    from engine.agent_data import gold_shown
+    from benchmarks.training.agent_data import gold_shown
     from policies.compression import plan_compression
 
     shares = []
@@ -155,7 +155,7 @@ def _check(held: Sequence[Example], sets_of: Callable[[Example], dict[str, Weigh
 
 
 def fold_of(session: str) -> int:
-    from engine.agent_data import stable_fraction
+    from benchmarks.training.agent_data import stable_fraction
 
     return int(stable_fraction("ranker-fold", session) * FOLDS)
 
@@ -188,14 +188,14 @@ def run_train_ranker(out: Path, data_dir: Path, model_path: Path, encoder_path: 
     """Fit, write the JSON, read it back, print the validation check."""
     from engine.tokenizer import GgufTokenizer
 
-    print(f"train-ranker: building outputs from {data_dir} (train and validation splits; tokens counted by "
+    print(f"train ranker: building outputs from {data_dir} (train and validation splits; tokens counted by "
           f"{model_path.name}; meaning read by {encoder_path.name})", file=sys.stderr)
     dense = EmbeddingScorer(encoder_path, n_threads=None)  # every core: nothing else runs
     try:
         model = fit_ranker(data_dir, GgufTokenizer(model_path).count_tokens, dense,
-                           lambda line: print(f"train-ranker: {line}", file=sys.stderr))
+                           lambda line: print(f"train ranker: {line}", file=sys.stderr))
     except (FileNotFoundError, ValueError) as exc:
-        print(f"pflash-gateway train-ranker: {exc}", file=sys.stderr)
+        print(f"train ranker: {exc}", file=sys.stderr)
         return 2
     finally:
         dense.close()
@@ -205,7 +205,7 @@ def run_train_ranker(out: Path, data_dir: Path, model_path: Path, encoder_path: 
     pct = int(CHECK_RATIO * 100)
     check = model.info[f"validation_gold_kept_{pct}_fit_on_train"]
     cv = model.info[f"cross_validated_gold_kept_{pct}"]
-    print(f"train-ranker: {model.info['outputs']} outputs, {model.info['units']:,} units "
+    print(f"train ranker: {model.info['outputs']} outputs, {model.info['units']:,} units "
           f"({model.info['positive_units']} with gold); gold kept at {pct} %: fitted on train alone, validation "
           f"keeps {100 * check['ranker']:.1f} % (without meaning {100 * check['ranker_lexical']:.1f} %, bm25 "
           f"{100 * check['bm25']:.1f} %); {FOLDS}-fold cross-validation by session {100 * cv['ranker']:.1f} % "

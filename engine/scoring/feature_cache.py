@@ -3,43 +3,44 @@
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+from cachetools import LRUCache
 
 
 class FeatureCache:
     """Unit features keyed by sha256 of the unit text, least recently used out first, bounded by
-    bytes (vector bytes plus a fixed per-entry overhead)."""
+    bytes (vector bytes plus a fixed per-entry overhead). Not thread-safe: the owner holds its lock."""
 
     ENTRY_OVERHEAD = 200  # key, dict slot, array header: roughly
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = max(0, budget_bytes)
-        self.bytes = 0
-        self._items: OrderedDict[bytes, tuple[np.ndarray, int]] = OrderedDict()
+        self._items: LRUCache[bytes, tuple[np.ndarray, int]] = LRUCache(
+            max(1, self.budget_bytes), getsizeof=lambda item: item[0].nbytes + self.ENTRY_OVERHEAD)
+
+    @property
+    def bytes(self) -> int:
+        return int(self._items.currsize)
 
     def __len__(self) -> int:
         return len(self._items)
 
     def clear(self) -> None:
         self._items.clear()
-        self.bytes = 0
 
     @staticmethod
     def key(text: str) -> bytes:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
     def get(self, key: bytes) -> tuple[np.ndarray, int] | None:
-        item = self._items.get(key)
-        if item is not None:
-            self._items.move_to_end(key)
-        return item
+        return self._items.get(key)
 
     def export(self, units: Sequence[str]) -> dict[str, tuple[bytes, int]]:
         """The cached features of these units (float32 bytes, tokens), keyed by the unit text's
         sha256 in hex: what a session keeps so a follow-up after eviction or a restart reads no
-        unit again. The owner holds its lock."""
+        unit again."""
         out: dict[str, tuple[bytes, int]] = {}
         for unit in units:
             key = self.key(unit)
@@ -50,7 +51,7 @@ class FeatureCache:
 
     def restore(self, features: Mapping[str, tuple[bytes, int]], dim: int) -> int:
         """Put a session's saved features back (those of the right size and not cached yet);
-        returns how many were added. The owner holds its lock."""
+        returns how many were added."""
         added = 0
         for hex_key, (raw, n_tokens) in features.items():
             key = bytes.fromhex(hex_key)
@@ -61,14 +62,5 @@ class FeatureCache:
         return added
 
     def put(self, key: bytes, vector: np.ndarray, n_tokens: int) -> None:
-        size = vector.nbytes + self.ENTRY_OVERHEAD
-        if size > self.budget_bytes:
-            return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[0].nbytes + self.ENTRY_OVERHEAD
-        self._items[key] = (vector, n_tokens)
-        self.bytes += size
-        while self.bytes > self.budget_bytes:
-            _, (evicted, _) = self._items.popitem(last=False)
-            self.bytes -= evicted.nbytes + self.ENTRY_OVERHEAD
+        if vector.nbytes + self.ENTRY_OVERHEAD <= self.budget_bytes:  # a larger one would evict all
+            self._items[key] = (vector, n_tokens)

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.drafter import cosines, to_mass
-from engine.feature_cache import FeatureCache
-from engine.scorers import GateScores, Scorer
+from engine.scoring.drafter import cosines, to_mass
+from engine.scoring.feature_cache import FeatureCache
+from engine.scoring.scorers import GateScores, Scorer
 from policies.recall import rank_fusion
 
 if TYPE_CHECKING:
-    from engine.scorer_bundle import ScorerBundle
+    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.embedder")
 
@@ -246,7 +246,7 @@ class EmbeddingScorer:
     def bundle(self) -> ScorerBundle:
         """`embed` plays every role; its unit vectors travel with a session; its encoder gets every
         core while the engine is idle."""
-        from engine.scorer_bundle import single
+        from engine.scoring.bundle import single
 
         return replace(single(self, features=self), encoder=self.encoder)
 

@@ -1,6 +1,6 @@
 """Long tool outputs built from real coding-agent sessions (`../shared/data/swe-*.jsonl.zst`), for the
 retention benchmark and for training the relevance head: part of the package so that
-`pflash-gateway train-head` runs from an install (no import of `benchmarks/`).
+`python -m benchmarks.train head` runs from an install (no import of `benchmarks/`).
 
 A session is mini-swe-agent's: each assistant turn holds a THOUGHT and one ```bash``` command, each
 tool output is a user message `<returncode>N</returncode><output>…</output>`. Two shapes of long
@@ -254,7 +254,7 @@ def serving_messages(output: LongOutput, with_turn: bool = True, as_user: bool =
     then (for a tool output, unless `with_turn` is False) the agent's asking turn as a tool call.
     `as_user`: a tool output as mini-swe-agent sends it, the whole session before it with every
     output a user message, the long one in its wrapper (WRAPPER_LINES lines before its own)."""
-    from policies.conversation import Message, ToolCall
+    from policies.conversation_types import Message, ToolCall
 
     if as_user:
         history = [Message(role, content) for role, content in output.history]  # type: ignore[arg-type]

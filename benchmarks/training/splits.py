@@ -1,7 +1,7 @@
 """The frozen train / validation / test split of the evaluation data (`../shared/data/`).
 
-Made once, before any tuning, and committed as `engine/splits.json` (package data, so `train-head`
-reads it from an installed package). Coding sessions are split by repository and session: within
+Made once, before any tuning, and committed as `benchmarks/training/splits.json` (beside the training
+code, never in the runtime package). Coding sessions are split by repository and session: within
 each repository its sessions are ordered by a hash of their id and dealt into test, validation and
 train; a repository with at most two sessions goes whole to test (a repository no tuning saw).
 MTRAG is split by conversation within each collection the same way. Training, early stopping and
