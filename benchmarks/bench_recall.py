@@ -19,8 +19,6 @@ Conversations whose last turn has no gold passage (unanswerable) or no follow-up
 
 from __future__ import annotations
 
-import json
-import random
 import statistics
 import time
 from collections.abc import Sequence

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.intervals import ci_cell, pooled_cell
+from benchmarks.intervals import bootstrap, ci_cell, pooled_cell
 from benchmarks.common import (
     BenchContext,
     MemoBundle,

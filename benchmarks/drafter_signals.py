@@ -45,11 +45,11 @@ from engine.scoring.drafter import (
     cosines,
     fuse,
     pack_windows,
-    ranks,
     read_pooled,
     to_mass,
 )
 from benchmarks.training.agent_data import terminal_log  # noqa: E402
+from engine.scoring.ranks import ranks  # noqa: E402
 from engine.scoring.fusion import FusionScorer  # noqa: E402
 from benchmarks.common import window_around  # noqa: E402
 from benchmarks.intervals import bootstrap  # noqa: E402

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.scoring.feature_cache import FeatureCache
-from policies.selection import competition_ranks
+from engine.scoring.ranks import ranks
 
 if TYPE_CHECKING:
     from engine.scoring.bundle import ScorerBundle
@@ -268,11 +268,6 @@ def cosines(units: np.ndarray, query: np.ndarray, centre: bool) -> np.ndarray:
     out = (u @ q) / (np.maximum(un, 1e-12) * qn)
     out[un == 0.0] = -1.0  # a unit with no tokens is never relevant
     return out
-
-
-def ranks(values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """1-based competition ranks, best first; equal values share the better rank."""
-    return np.asarray(competition_ranks(np.asarray(values, dtype=np.float64).tolist()), dtype=np.float64)
 
 
 def fuse(lexical: np.ndarray, drafter: np.ndarray, k: int = RRF_K) -> np.ndarray:

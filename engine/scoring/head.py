@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.models.files import SHIPPED_HEAD
+from engine.scoring.ranks import ranks01
 from policies.lexical import bm25_scores
 from policies.segmentation import KINDS, detect_kind
 
@@ -74,21 +75,6 @@ def feature_names(n_embd: int) -> list[str]:
     return [f"{p}[{i}]" for p in VECTOR_PARTS for i in range(n_embd)] + list(SCALARS)
 
 
-def _ranks01(values: np.ndarray) -> np.ndarray:
-    """Rank of each value, best first, scaled to [0, 1] (0 = best); ties share the better rank."""
-    n = len(values)
-    if n <= 1:
-        return np.zeros(n)
-    order = np.argsort(-values, kind="stable")
-    out = np.empty(n)
-    rank = 0
-    for pos, i in enumerate(order):
-        if pos == 0 or values[i] != values[order[pos - 1]]:
-            rank = pos
-        out[i] = rank
-    return out / (n - 1)
-
-
 def head_features(units: np.ndarray, query: np.ndarray, bm25: Sequence[float], n_tokens: Sequence[int],
                   kinds: Sequence[str], embed_cos: Sequence[float]) -> np.ndarray:
     """(n_units, 2·d + len(SCALARS)) float64 features for one message; `embed_cos` is the sentence
@@ -114,7 +100,7 @@ def head_features(units: np.ndarray, query: np.ndarray, bm25: Sequence[float], n
     sc[:, 1] = prod.sum(axis=1)
     sc[:, 2] = density / density.max() if density.max() > 0 else 0.0
     sc[:, 3] = bm / bm.max() if bm.max() > 0 else 0.0
-    sc[:, 4] = _ranks01(density)  # selection ranks by score per token
+    sc[:, 4] = ranks01(density)  # selection ranks by score per token
     sc[:, 5] = (bm <= 0).astype(np.float64)
     sc[:, 6] = np.log1p(toks)
     sc[:, 7] = np.arange(n) / max(n - 1, 1)
@@ -125,7 +111,7 @@ def head_features(units: np.ndarray, query: np.ndarray, bm25: Sequence[float], n
     best = float(ec.max()) if n else 0.0
     sc[:, -3] = ec
     sc[:, -2] = np.clip(ec, 0.0, None) / best if best > 0 else 0.0
-    sc[:, -1] = _ranks01(ec)
+    sc[:, -1] = ranks01(ec)
     x = np.concatenate([prod, absdiff, sc], axis=1)
     x[~has, : 2 * u.shape[1]] = 0.0  # a unit with no tokens has no vector
     return x

@@ -43,6 +43,7 @@ import numpy as np
 
 from engine.models.files import SHIPPED_RANKER
 from engine.scoring.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
+from engine.scoring.ranks import mean_ranks01
 from engine.scoring.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
@@ -88,18 +89,6 @@ REPEAT_MIN_CHARS = 9  # shorter lines (`)`, `else:`, blank) repeat everywhere an
 
 class RankerError(RuntimeError):
     """A ranker file is missing or malformed; the caller falls back to BM25."""
-
-
-def _rank(x: np.ndarray) -> np.ndarray:
-    """Each value's rank among the message's units, in [0, 1]; tied values share their mean rank
-    (most units match nothing: their order in the message must not rank them)."""
-    n = len(x)
-    if n < 2:
-        return np.zeros(n)
-    ranks = np.empty(n)
-    ranks[np.argsort(x, kind="stable")] = np.arange(n)
-    _, tie, count = np.unique(x, return_inverse=True, return_counts=True)
-    return np.bincount(tie, weights=ranks)[tie] / count[tie] / (n - 1)
 
 
 def _of_best(x: np.ndarray) -> np.ndarray:
@@ -177,7 +166,7 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     cited = np.array([_cited_share(lines, spans) for lines in unit_lines])
     bm25_best, line_best = _of_best(bm25), _of_best(best_line)
     columns = [
-        _rank(bm25 / sizes), _rank(bm25), bm25_best, line_best, _rank(best_line), rare_hits, coverage,
+        mean_ranks01(bm25 / sizes), mean_ranks01(bm25), bm25_best, line_best, mean_ranks01(best_line), rare_hits, coverage,
         np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
         _repeated_share(unit_lines),
     ]
@@ -208,7 +197,7 @@ def meaning_features(n_units: int, read: np.ndarray, cosine: np.ndarray, word_pi
         return out
     c[np.asarray(word_pieces) == 0] = -1.0
     median, top = float(np.median(c)), float(c.max())
-    out[read, 0] = _rank(c)
+    out[read, 0] = mean_ranks01(c)
     out[read, 1] = np.clip((c - median) / (top - median), 0.0, None) if top > median else 0.0
     out[:, 2] = _neighbour(out[:, 1], 1)
     return out
