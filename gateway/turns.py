@@ -109,7 +109,8 @@ class TurnService:
             record = branch.record
             self.engine.prefetch(record.session_id)  # a resume's disk read overlaps tokenizing below
             served = self._served_history(conv.messages, record)
-            candidate = self._compression_candidate(conv.messages, record)
+            sizes = await asyncio.to_thread(self._new_long_messages, conv.messages, COMPRESSIBLE_ROLES)  # once, off the loop
+            candidate = self._compression_candidate(conv.messages, record, sizes)
             # The prompt with the new messages whole, prepared once: a side request checks whether
             # it fits, a long new message whether any budget can make it fit; it is the turn's
             # prompt when nothing is compressed or recalled.
@@ -117,7 +118,7 @@ class TurnService:
             must_fit = branch.side and whole is not None and whole.n_tokens >= self.engine.n_ctx
             if not must_fit and whole is not None and candidate is not None:
                 self._refuse_hopeless_overflow(whole, candidate[1])
-            messages, report, recall = await self.rewrite(conv.messages, record, must_fit)
+            messages, report, recall = await self.rewrite(conv.messages, record, must_fit, served, sizes)
             prompt = whole if whole is not None and messages == served else await self._prepare_prompt(messages, conv)
             if prompt.n_tokens >= self.engine.n_ctx:
                 raise context_overflow(prompt.n_tokens, self.engine.n_ctx)
@@ -160,15 +161,21 @@ class TurnService:
             raise context_overflow(whole.n_tokens, self.engine.n_ctx)
 
     async def rewrite(
-        self, messages: Sequence[Message], record: SessionRecord, must_fit: bool = False
+        self, messages: Sequence[Message], record: SessionRecord, must_fit: bool = False,
+        served_history: Sequence[Message] | None = None, sizes: dict[int, int] | None = None,
     ) -> tuple[tuple[Message, ...], CompressionReport | None, RecallReport | None]:
         """History from the kept-line maps and recall log; at most one new long message of this
         turn compressed; a new question checked by the recall gate. `must_fit`: a one-shot side
         request that does not fit the context whole (Claude Code's safety classifier sends a
         ~141K-character system prompt): its system text may be cut too, and flat relevance is no
         reason to serve it whole, since whole cannot be served."""
-        served = list(self._served_history(messages, record))
-        candidate = self._compression_candidate(messages, record, ONE_SHOT_ROLES if must_fit else COMPRESSIBLE_ROLES)
+        served = list(served_history if served_history is not None else self._served_history(messages, record))
+        if sizes is None:
+            sizes = await asyncio.to_thread(self._new_long_messages, messages, COMPRESSIBLE_ROLES)
+        if must_fit:  # the system text may be cut too
+            sizes = sizes | await asyncio.to_thread(self._new_long_messages, messages, ONE_SHOT_ROLES - COMPRESSIBLE_ROLES)
+        candidate = self._compression_candidate(messages, record, sizes,
+                                                ONE_SHOT_ROLES if must_fit else COMPRESSIBLE_ROLES)
         report = None
         if candidate is not None:
             index, tokens = candidate
@@ -214,17 +221,22 @@ class TurnService:
             self._count("kept_map_failures")
             return message
 
-    def _compression_candidate(self, messages: Sequence[Message], record: SessionRecord,
-                               roles: frozenset[str] = COMPRESSIBLE_ROLES) -> tuple[int, int] | None:
-        """The largest new message of the new turn (after the last assistant message), if admitted."""
+    def _new_long_messages(self, messages: Sequence[Message], roles: frozenset[str]) -> dict[int, int]:
+        """Tokens of each message of `roles` in the new turn (after the last assistant message) long
+        enough to reach the threshold. Runs in a worker thread: counting a long paste is the costly
+        part of choosing what to compress."""
         start = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1) + 1
+        return {index: self.engine.count_tokens(messages[index].content) for index in range(start, len(messages))
+                # a token is at least one character: a shorter message never reaches the threshold
+                if messages[index].role in roles and len(messages[index].content) >= self.settings.threshold}
+
+    def _compression_candidate(self, messages: Sequence[Message], record: SessionRecord, sizes: dict[int, int],
+                               roles: frozenset[str] = COMPRESSIBLE_ROLES) -> tuple[int, int] | None:
+        """The largest new long message (`sizes`, from _new_long_messages) of `roles`, if admitted."""
         seen = record.seen_hashes()
         best: tuple[int, int] | None = None
-        for index in range(start, len(messages)):
+        for index, tokens in sizes.items():
             message = messages[index]
-            if message.role not in roles or len(message.content) < self.settings.threshold:
-                continue  # a token is at least one character: too short to ever reach the threshold
-            tokens = self.engine.count_tokens(message.content)
             decision = admit(tokens, self.settings.threshold, content_hash(message.content) not in seen, message.role,
                              roles)
             if decision.compress and (best is None or tokens > best[1]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -411,3 +412,34 @@ def test_each_turn_prepares_its_prompt_once_when_nothing_changes_it() -> None:
     assert counts[0] == (1, False)  # a question: one preparation
     assert counts[1] == (1, False)  # the title (a side request): one, not a fit check and then the prompt
     assert counts[2] == (2, True)  # the long log compressed: the whole prompt's check, then the compressed one
+
+
+def test_a_long_new_message_is_counted_once_per_turn_and_off_the_event_loop() -> None:
+    """Choosing what to compress counts the long message's tokens: once per turn (prepare and the
+    rewrite shared it), in a worker thread (a 100K-token paste takes the loop ~0.1 s to count)."""
+    scripts = conversations()
+    long_text = scripts["main"][1].messages[-1].content
+    with tempfile.TemporaryDirectory() as tmp:
+        turns, engine, registry = service(Path(tmp))
+        threads: list[int] = []
+        real_count = engine.count_tokens
+
+        def counting(text: str) -> int:
+            if text == long_text:
+                threads.append(threading.get_ident())
+            return real_count(text)
+
+        engine.count_tokens = counting  # type: ignore[method-assign]
+
+        async def run() -> tuple[int, bool]:
+            turn = await turns.prepare(scripts["main"][0], "")
+            turns.finish(turn)
+            turn = await turns.prepare(scripts["main"][1], "")
+            turns.finish(turn)
+            return threading.get_ident(), turn.compression is not None and turn.compression.compressed
+
+        loop_thread, compressed = asyncio.run(run())
+        registry.close()
+    assert compressed
+    assert len(threads) == 1, f"the long message was counted {len(threads)} times"
+    assert loop_thread not in threads
