@@ -91,6 +91,10 @@ class StateTier(Protocol):
         """What the context holds now, told by the engine's worker after each turn (tier reporting)."""
         ...
 
+    def holding_many(self, sessions: dict[str, int]) -> None:
+        """The same for a context with several sequences: every session it holds, with its tokens."""
+        ...
+
     def prefetch(self, session_id: str) -> None:
         """A turn for this session is coming: start reading its state from disk (a hint)."""
         ...

@@ -49,34 +49,35 @@ class GrammarSampler:
             self._lib.llama_sampler_free(self._grammar)
             self._grammar = None
 
-    def sample(self, ctx: Any) -> int:
-        """The next token for the logits of the context's last position; both samplers accept it."""
-        token = self._draw(ctx, with_grammar=False)
+    def sample(self, ctx: Any, idx: int = -1) -> int:
+        """The next token for the logits of batch position `idx` (default: the last); both samplers
+        accept it."""
+        token = self._draw(ctx, idx, with_grammar=False)
         if not self._allows(token):
-            shortlisted = self._draw_shortlisted(ctx)
-            token = shortlisted if shortlisted is not None else self._draw(ctx, with_grammar=True)
+            shortlisted = self._draw_shortlisted(ctx, idx)
+            token = shortlisted if shortlisted is not None else self._draw(ctx, idx, with_grammar=True)
         self._lib.llama_sampler_accept(self._chain, token)
         self._lib.llama_sampler_accept(self._grammar, token)
         return token
 
-    def _candidates(self, ctx: Any) -> Any:
-        logits = self._lib.llama_get_logits_ith(ctx, -1)
+    def _candidates(self, ctx: Any, idx: int) -> Any:
+        logits = self._lib.llama_get_logits_ith(ctx, idx)
         self._data["id"] = self._ids
         self._data["logit"] = np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
         self._data["p"] = 0.0
         data = self._data.ctypes.data_as(ctypes.POINTER(self._lib.llama_token_data))
         return self._lib.llama_token_data_array(data, self._n_vocab, -1, False)
 
-    def _draw(self, ctx: Any, with_grammar: bool) -> int:
-        candidates = self._candidates(ctx)
+    def _draw(self, ctx: Any, idx: int, with_grammar: bool) -> int:
+        candidates = self._candidates(ctx, idx)
         if with_grammar:
             self._lib.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
         self._lib.llama_sampler_apply(self._chain, ctypes.byref(candidates))
         return int(candidates.data[candidates.selected].id)
 
-    def _draw_shortlisted(self, ctx: Any) -> int | None:
+    def _draw_shortlisted(self, ctx: Any, idx: int) -> int | None:
         """A masked draw among the likeliest tokens, or None when that might differ from a full one."""
-        logits = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(ctx, -1), shape=(self._n_vocab,))
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
         size = len(self._short)
         top = np.argpartition(logits, -size)[-size:]
         self._short["id"] = top

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import ctypes
 import logging
 import os
 import time
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from engine.base import (
     EngineBusy,
@@ -40,6 +38,7 @@ from engine.llama_jobs import Job, RawDone, RawError, RawText
 from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
 from engine.loop_guard import LoopGuard
 from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from engine.seq_state import restore_sequence, save_sequence
 from engine.stops import StopMatcher
 from engine.tool_parsers import ToolCallStream, parser_for
 from policies.conversation_types import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
@@ -84,7 +83,7 @@ class LlamaEngine:
         self.model_id = options.model_path.name
         self._llm = llama_cpp.Llama(
             model_path=str(options.model_path),
-            n_ctx=options.n_ctx,
+            n_ctx=self._llama_n_ctx(options),
             n_threads=options.n_threads or os.cpu_count() or 1,
             n_threads_batch=options.n_threads or os.cpu_count() or 1,
             n_batch=options.n_batch,
@@ -126,6 +125,10 @@ class LlamaEngine:
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
                  self.template.sha256[:12])
 
+    def _llama_n_ctx(self, options: LlamaOptions) -> int:
+        """The size of the context the high-level Llama opens (this engine decodes in it)."""
+        return options.n_ctx
+
     def attach_tier(self, tier: StateTier) -> None:
         """The session registry needs our fingerprint to open its store, so it arrives late."""
         self._tier = tier
@@ -133,8 +136,11 @@ class LlamaEngine:
     def prefetch(self, session_id: str) -> None:
         # Read off the worker thread without its lock: a stale `_current` costs at worst one
         # unneeded read ahead, never a wrong state (the worker still decides what to restore).
-        if self._tier is not None and self._current != session_id:
+        if self._tier is not None and not self._resident(session_id):
             self._tier.prefetch(session_id)
+
+    def _resident(self, session_id: str) -> bool:
+        return self._current == session_id
 
     # --- tokens ----------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -220,9 +226,12 @@ class LlamaEngine:
         job = Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
         self._pending += 1
         self._jobs.add(job)
+        self._submit(job)
+        return self._relay(job, prompt)
+
+    def _submit(self, job: Job) -> None:
         future = job.loop.run_in_executor(self._executor, self._run, job)
         future.add_done_callback(lambda _f: self._job_done(job))
-        return self._relay(job, prompt)
 
     async def _relay(self, job: Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
         tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.parses_tool_calls else None
@@ -418,33 +427,14 @@ class LlamaEngine:
         self._current = None
 
     def _save_state(self) -> SavedState:
-        ctx = self._llm._ctx.ctx
-        size = self._lib.llama_state_seq_get_size(ctx, 0)
-        # numpy's buffer, filled by llama.cpp in place: a ctypes array is zero-filled and
-        # string_at copies it again, both holding the GIL (30-300 ms for a 58 MB state here, the
-        # event loop frozen meanwhile). The tier's buffers are reused: fresh memory's first touch
-        # costs a VM ~1.5 ms per MB.
-        buf = self._tier.buffer(size) if self._tier is not None else np.empty(size, dtype=np.uint8)
-        written = self._lib.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, 0)
-        n = self._llm.n_tokens
-        return SavedState(tuple(int(t) for t in self._llm.input_ids[:n]), memoryview(buf[:written]))
+        return save_sequence(self._lib, self._llm._ctx.ctx, 0, self._llm.input_ids[: self._llm.n_tokens], self._tier)
 
     def _restore(self, state: SavedState) -> bool:
         llm = self._llm
         llm._ctx.kv_cache_clear()
+        if not restore_sequence(self._lib, llm._ctx.ctx, 0, state, self.n_ctx):
+            return False
         n = len(state.tokens)
-        if n == 0 or n > self.n_ctx:
-            return False
-        kind = ctypes.c_uint8 * len(state.blob)
-        # llama.cpp only reads the buffer; ctypes wants a writable one to share it without a copy.
-        shared = isinstance(state.blob, memoryview) and not state.blob.readonly
-        buf = kind.from_buffer(state.blob) if shared else kind.from_buffer_copy(state.blob)
-        if self._lib.llama_state_seq_set_data(llm._ctx.ctx, buf, len(state.blob), 0) == 0:
-            return False
-        # Verify the cache covers exactly the positions the saved token ids claim.
-        memory = self._lib.llama_get_memory(llm._ctx.ctx)
-        if self._lib.llama_memory_seq_pos_max(memory, 0) != n - 1:
-            return False
         llm.input_ids[:n] = state.tokens
         llm.n_tokens = n
         return True

@@ -38,6 +38,10 @@ def build_engine(settings: Settings) -> Engine:
         queue_size=settings.queue_size,
         repeated_line_stop=settings.repeated_line_stop,
     )
+    if settings.sequences > 1:
+        from engine.batched_engine import BatchedLlamaEngine
+
+        return BatchedLlamaEngine(options, sequences=settings.sequences)
     return LlamaEngine(options)
 
 

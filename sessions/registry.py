@@ -63,7 +63,7 @@ class SessionRegistry:
         self._ram: OrderedDict[str, SavedState] = OrderedDict()
         self._ram_bytes = 0
         self._spilling: dict[str, SavedState] = {}  # leaving RAM, being written: still served from here
-        self._in_context: tuple[str, int] | None = None  # (session, tokens) the engine holds
+        self._in_context: dict[str, int] = {}  # session -> tokens the engine's context holds
         self._ahead: tuple[str, Future[SavedState | None]] | None = None  # a disk load started by prefetch()
         self._deleted: set[str] = set()  # deleted while the engine may still hold their state
         self._sync_timer: threading.Timer | None = None
@@ -159,7 +159,7 @@ class SessionRegistry:
         one whose KV state is in memory stays (a spill writes the record with the state)."""
         if self._ram_bytes + self._records_total <= self._budget:
             return
-        pinned = {*self._ram, *self._spilling, *([self._in_context[0]] if self._in_context else [])}
+        pinned = {*self._ram, *self._spilling, *self._in_context}
         for sid in [s for s in self._records if s not in pinned]:
             if self._ram_bytes + self._records_total <= self._budget:
                 break
@@ -231,8 +231,7 @@ class SessionRegistry:
             state = self._ram.pop(session_id, None)
             if state is not None:
                 self._ram_bytes -= held_bytes(state.blob)
-            if self._in_context and self._in_context[0] == session_id:
-                self._in_context = None
+            self._in_context.pop(session_id, None)
             if self._ahead and self._ahead[0] == session_id:
                 self._ahead = None
         # Each lane drops what it may be writing for the session now: a spill queued before the
@@ -252,8 +251,8 @@ class SessionRegistry:
         record = self._live.get(session_id)
         disk = index.get(session_id)
         ram = self._ram.get(session_id) or self._spilling.get(session_id)
-        if self._in_context and self._in_context[0] == session_id:
-            tier, tokens = "context", self._in_context[1]
+        if session_id in self._in_context:
+            tier, tokens = "context", self._in_context[session_id]
         elif ram is not None:
             tier, tokens = "ram", len(ram.tokens)
         elif disk is not None and disk.kv_tokens:
@@ -277,8 +276,12 @@ class SessionRegistry:
     # --- StateTier (called on the engine's worker thread) -------------------------------------------
     def holding(self, session_id: str | None, tokens: int) -> None:
         """The engine says what its context holds now (after each job, on its own thread)."""
+        self.holding_many({session_id: tokens} if session_id is not None else {})
+
+    def holding_many(self, sessions: dict[str, int]) -> None:
+        """The same for an engine whose context holds several sessions (one per sequence)."""
         with self._lock:
-            self._in_context = (session_id, tokens) if session_id is not None and tokens > 0 else None
+            self._in_context = {sid: n for sid, n in sessions.items() if n > 0}
 
     def buffer(self, n: int) -> Any:
         """A writable uint8 array of `n` bytes for a state the engine saves (reused memory)."""
@@ -286,8 +289,7 @@ class SessionRegistry:
 
     def stash(self, session_id: str, state: SavedState) -> None:
         with self._lock:
-            if self._in_context and self._in_context[0] == session_id:
-                self._in_context = None
+            self._in_context.pop(session_id, None)
             if session_id in self._deleted:
                 return  # deleted meanwhile
             old = self._ram.pop(session_id, None)
@@ -332,7 +334,7 @@ class SessionRegistry:
         with self._lock:
             if (session_id in self._ram or session_id in self._spilling or session_id in self._deleted
                     or (self._ahead is not None and self._ahead[0] == session_id)
-                    or (self._in_context is not None and self._in_context[0] == session_id)):
+                    or session_id in self._in_context):
                 return
             if not self.store.has_kv(session_id):
                 return
@@ -352,9 +354,8 @@ class SessionRegistry:
             if self._ahead is not None and self._ahead[0] == session_id:
                 ahead, self._ahead = self._ahead[1], None
             if state is not None:
-                self._in_context = (session_id, len(state.tokens))
+                self._in_context[session_id] = len(state.tokens)
                 return state, "ram"
-            self._in_context = None
         if ahead is None and not self.store.has(session_id):
             return None
         # The worker waits, not the loop.
@@ -362,7 +363,7 @@ class SessionRegistry:
         if state is None:
             return None
         with self._lock:
-            self._in_context = (session_id, len(state.tokens))
+            self._in_context[session_id] = len(state.tokens)
         return state, "disk"
 
     # --- persistence (on the I/O thread) -------------------------------------------------------------
@@ -427,7 +428,7 @@ class SessionRegistry:
         disk = self.store.index()
         with self._lock:
             return {
-                "sessions_context": 1.0 if self._in_context else 0.0,
+                "sessions_context": float(len(self._in_context)),
                 "sessions_ram": float(len(self._ram) + len(self._spilling)),
                 "sessions_disk": float(len(disk)),
                 "sessions_records": float(len(self._records)),

@@ -127,7 +127,9 @@ def test_a_tenant_cannot_resume_another_tenants_session(secured: Gateway) -> Non
     owner = chat(secured, bearer("k1", shared), second)  # k1's own history is intact afterwards
     assert owner.status_code == 200, owner.text
     assert cached(owner) >= int(one.json()["usage"]["prompt_tokens"]) - 1
-    assert owner.headers["X-PFlash-Restored-From"] == "ram"
+    # Its KV stayed in its own sequence of the batched engine (the single-sequence engine restores it
+    # from the RAM tier after the intruder's turn).
+    assert owner.headers["X-PFlash-Restored-From"] in {"context", "ram"}
 
 
 def test_previous_response_id_is_scoped_by_key(secured: Gateway) -> None:

@@ -34,3 +34,16 @@ def test_quick_replay_runs_every_server_and_leaves_benchmarks_md_alone() -> None
     for server in ("| gateway |", "| llama_cpp.server |", "| gateway, compression off |", "| floor (new tokens only) |"):
         assert server in section, section
     assert (ROOT / "benchmarks" / ".cache" / "quick" / "plots" / "replay_wait.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(not DATA.is_file(), reason="../shared/data is not on this machine")
+def test_quick_batching_section_compares_both_engines_without_errors() -> None:
+    run = subprocess.run([sys.executable, "benchmarks/run.py", "--quick", "--only", "batching"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=840)
+    assert run.returncode == 0, run.stderr[-3000:]
+    section = (ROOT / "benchmarks" / ".cache" / "quick" / "results" / "batching.md").read_text()
+    assert "not for publication" in section
+    for engine in ("| single sequence |", "| batched, 4 sequences |"):
+        row = next(line for line in section.splitlines() if line.startswith(engine))
+        assert row.rstrip(" |").endswith("| 0"), row  # no failed turn
+    assert "Aggregate throughput, batched over single" in section

@@ -116,7 +116,8 @@ def test_sessions_gc_and_rm_leave_a_running_server_alone(gateway: Gateway) -> No
 def test_health_answers_quickly_while_sessions_switch_through_disk(start_gateway) -> None:  # type: ignore[no-untyped-def]
     """RAM budget 0: every switch writes a state to disk and reads another back. That I/O runs
     on the store's own thread, never under a lock the event loop takes: /health stays fast."""
-    server = start_gateway("--ram-budget-mb", "0", "--n-threads", "1")
+    # Four sessions on two sequences: every turn after the first two moves a state out and one in.
+    server = start_gateway("--ram-budget-mb", "0", "--n-threads", "1", "--sequences", "2")
     histories = {f"lag-{i}-" + uuid.uuid4().hex[:8]: [{"role": "system", "content": f"Reviewer {i}. " + SYSTEM * 3},
                                                       {"role": "user", "content": "Say ok."}] for i in range(4)}
     latencies: list[float] = []
@@ -155,7 +156,7 @@ def test_store_counters_move_on_metrics(start_gateway, tmp_path: Path) -> None: 
     with a RAM budget of 0, a switch spills a KV state and evicts a record, and coming back reads
     both from the store; after a restart, the leftover of an interrupted write is counted as removed."""
     store = tmp_path / "counted"
-    server = start_gateway("--ram-budget-mb", "0", store=store)
+    server = start_gateway("--ram-budget-mb", "0", "--sequences", "1", store=store)  # B's turn moves A out
     a, b = "count-a-" + uuid.uuid4().hex, "count-b-" + uuid.uuid4().hex
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say ok."}]
     start = scrape(server.url)

@@ -44,20 +44,25 @@ def prompt_tokens(reply: httpx.Response) -> int:
     return int(reply.json()["usage"]["prompt_tokens"])
 
 
+@pytest.mark.parametrize("sequences", ["1", "2"])
 @pytest.mark.parametrize(("ram_mb", "tier"), [("2048", "ram"), ("0", "disk")])
-def test_switching_sessions_restores_kv(start_gateway, ram_mb: str, tier: str) -> None:  # type: ignore[no-untyped-def]
-    server = start_gateway("--ram-budget-mb", ram_mb)
-    a, b = "A-" + uuid.uuid4().hex, "B-" + uuid.uuid4().hex
+def test_switching_sessions_restores_kv(start_gateway, ram_mb: str, tier: str, sequences: str) -> None:  # type: ignore[no-untyped-def]
+    """A session whose sequence another session took comes back from the tier: on the
+    single-sequence engine after one other session, on the batched one after as many as it has
+    sequences (the least recently used leaves)."""
+    server = start_gateway("--ram-budget-mb", ram_mb, "--sequences", sequences)
+    a = "A-" + uuid.uuid4().hex
     history_a = first_turn()
     reply_a = chat(server, a, history_a)
-    chat(server, b, [{"role": "user", "content": "Something else entirely: name a fruit."}])
+    for other in range(int(sequences)):
+        chat(server, f"other-{other}-{uuid.uuid4().hex}", [{"role": "user", "content": f"Name fruit number {other}."}])
     history_a = follow_up(history_a, reply_a, "Is it pure?")
     again = chat(server, a, history_a)
     assert again.headers["X-PFlash-Restored-From"] == tier
     assert cached(again) >= prompt_tokens(reply_a) - 1  # A's whole history came back
     sessions = httpx.get(server.url + "/v1/sessions").json()["data"]
     assert {s["tier"] for s in sessions} >= {"context"}
-    assert len(sessions) == 2
+    assert len(sessions) == 1 + int(sequences)
 
 
 def test_restart_resumes_without_prefill_and_answers_identically(start_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,367 @@
+"""The in-process llama.cpp engine with several sequences in one context, decoded together.
+
+One llama.cpp context holds up to `sequences` sessions' KV (a unified cache of `n_ctx` cells shared by
+all sequences). A session is bound to a sequence while its turn runs and stays resident after it, so
+its next turn reuses its prefix; a sequence another session needs is stashed to the state tier first
+(least recently used). One scheduler thread owns the context: each step it decodes one llama_batch
+holding the next token of every answering turn and, in the room left (`n_batch`), prompt chunks of
+the turns still prefilling, oldest first. A long prefill never freezes the other streams, and several
+answers cost little more per step than one (decode reads the weights once for all of them).
+
+Capacity is reserved, never overcommitted: a turn starts when its prompt plus its answer limit fit
+beside the other running turns; idle sessions' KV is stashed to make room, and a turn that still
+does not fit waits for one to end. The sliding-window rule of the single-sequence engine holds per
+sequence (a rollback deeper than the retained window prefills in full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import collections
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.base import EngineUnavailable, PrefillDone, SavedState, StateTier
+from engine.grammar_sampler import GrammarSampler
+from engine.llama_engine import LlamaEngine, LlamaOptions
+from engine.llama_jobs import Job, RawDone, RawError, RawText
+from engine.loop_guard import LoopGuard
+from engine.seq_state import restore_sequence, save_sequence
+from engine.stops import StopMatcher
+
+log = logging.getLogger("pflash.engine")
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence of the context: the session whose KV it holds and the turn it serves, if any."""
+
+    seq: int
+    session_id: str | None = None
+    tokens: list[int] = field(default_factory=list)  # exactly what the sequence's KV covers
+    job: Job | None = None
+    last_used: float = 0.0
+    # the running turn
+    prompt_at: int = 0  # prompt tokens in the KV so far (prefill is done when it reaches the prompt)
+    reserve: int = 0  # cells held for the turn: prompt + answer limit
+    pending: int | None = None  # the sampled token the next step evaluates
+    produced: int = 0
+    reused: int = 0
+    restored_from: str = "none"
+    previous: SavedState | None = None  # the state restored for this turn, until its prefill succeeds
+    sampler: Any = None
+    guided: GrammarSampler | None = None
+    decoder: Any = None
+    stops: StopMatcher | None = None
+    loop_guard: LoopGuard | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.job is not None and self.prompt_at < len(self.job.tokens)
+
+
+class BatchedLlamaEngine(LlamaEngine):
+    def __init__(self, options: LlamaOptions, tier: StateTier | None = None, sequences: int = 4) -> None:
+        self.sequences = max(1, sequences)
+        super().__init__(options, tier)
+        lib = self._lib
+        params = lib.llama_context_default_params()
+        ctypes.memmove(ctypes.byref(params), ctypes.byref(self._llm.context_params), ctypes.sizeof(params))
+        params.n_ctx = options.n_ctx
+        params.n_seq_max = self.sequences
+        params.kv_unified = True  # one pool of n_ctx cells: a session may use all of it
+        from llama_cpp import _internals
+
+        self._context = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
+        self._batch = _internals.LlamaBatch(n_tokens=options.n_batch, embd=0, n_seq_max=1, verbose=False)
+        self._memory = lib.llama_get_memory(self._context.ctx)
+        self._slots = [Slot(seq) for seq in range(self.sequences)]
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._counters.update({"batch_steps": 0, "batch_tokens": 0, "sequence_stashes": 0})
+        self._thread = threading.Thread(target=self._schedule, name="llama-batch", daemon=True)
+        self._thread.start()
+
+    def _llama_n_ctx(self, options: LlamaOptions) -> int:
+        # The high-level Llama only tokenizes here; the batched context is opened beside it.
+        return min(options.n_ctx, options.n_batch)
+
+    def _resident(self, session_id: str) -> bool:
+        return any(s.session_id == session_id for s in self._slots)
+
+    def _submit(self, job: Job) -> None:
+        with self._wake:
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def stats(self) -> dict[str, float]:
+        active = sum(1 for s in self._slots if s.job is not None)
+        return {**super().stats(), "sequences": self.sequences, "sequences_active": active}
+
+    async def close(self) -> None:
+        """Let the turns in flight end, then stash every resident session's state in the tier."""
+        self._closing = True
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        await asyncio.to_thread(self._thread.join)
+        for slot in self._slots:
+            self._stash(slot)
+        self._executor.shutdown(wait=True)
+
+    # --- the scheduler thread -------------------------------------------------------------------
+    def _schedule(self) -> None:
+        while True:
+            with self._wake:
+                while not self._waiting and not self._busy() and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self._busy():
+                    waiting, self._waiting = list(self._waiting), collections.deque()
+                    break
+            try:
+                self._admit()
+                if self._busy():
+                    self._step()
+                else:
+                    time.sleep(0.005)  # a waiting turn needs room that only a stash or an end frees
+            except Exception as exc:  # a bug or a broken context: fail the turns, keep serving
+                log.exception("batched engine step failed")
+                self._fail_all(exc)
+        for job in waiting:
+            job.emit(RawDone("cancelled", 0, None))
+            job.loop.call_soon_threadsafe(self._job_done, job)
+
+    def _busy(self) -> bool:
+        return any(s.job is not None for s in self._slots)
+
+    def _admit(self) -> None:
+        """Bind waiting turns to sequences, oldest first, while their reservation fits."""
+        while True:
+            with self._wake:
+                if not self._waiting:
+                    return
+                job = self._waiting[0]
+            if job.cancelled.is_set() or self._closing:
+                self._pop_waiting()
+                if self._closing and not job.cancelled.is_set():
+                    job.emit(RawError(EngineUnavailable("the server is shutting down")))
+                else:
+                    job.emit(RawDone("cancelled", 0, None))
+                job.loop.call_soon_threadsafe(self._job_done, job)
+                continue
+            slot = self._slot_for(job)
+            if slot is None:
+                return
+            self._pop_waiting()
+            self._start(slot, job)
+
+    def _pop_waiting(self) -> None:
+        with self._wake:
+            self._waiting.popleft()
+
+    def _slot_for(self, job: Job) -> Slot | None:
+        """The sequence holding the session, else a free or least recently used idle one, with room
+        made for the turn's reservation by stashing idle sessions; None if it must wait."""
+        need = len(job.tokens) + job.max_new
+        idle = sorted((s for s in self._slots if s.job is None), key=lambda s: s.last_used)
+        if not idle or any(s.job is not None and s.session_id == job.session_id for s in self._slots):
+            return None  # a session's turns run one at a time, in its one sequence
+        own = next((s for s in idle if s.session_id == job.session_id), None)
+        slot = own or next((s for s in idle if s.session_id is None), None) or idle[0]
+        if slot.session_id != job.session_id:
+            self._stash(slot)
+        for other in idle:  # least recently used first
+            if self._cells_used(slot) + need <= self.n_ctx:
+                break
+            if other is not slot:
+                self._stash(other)
+        return slot if self._cells_used(slot) + need <= self.n_ctx else None
+
+    def _cells_used(self, besides: Slot) -> int:
+        return sum(s.reserve if s.job is not None else len(s.tokens) for s in self._slots if s is not besides)
+
+    def _stash(self, slot: Slot) -> None:
+        if slot.session_id is not None and slot.tokens and self._tier is not None:
+            self._tier.stash(slot.session_id, save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens,
+                                                            self._tier))
+            self._counters["sequence_stashes"] += 1
+        self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+        slot.session_id, slot.tokens = None, []
+        self._report_holding()
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        slot.restored_from = "context" if slot.session_id == job.session_id else self._restore_into(slot, job)
+        reuse = min(self._reusable(slot, job.tokens), len(job.tokens) - 1)  # the last token yields logits
+        self._lib.llama_memory_seq_rm(self._memory, slot.seq, reuse, -1)
+        del slot.tokens[reuse:]
+        slot.job, slot.prompt_at, slot.reused = job, reuse, reuse
+        slot.reserve, slot.pending, slot.produced = len(job.tokens) + job.max_new, None, 0
+        slot.last_used = time.monotonic()
+
+    def _restore_into(self, slot: Slot, job: Job) -> str:
+        slot.session_id, slot.tokens, slot.previous = job.session_id, [], None
+        found = self._tier.fetch(job.session_id) if self._tier is not None else None
+        if found is None:
+            return "none"
+        state, tier_name = found
+        if restore_sequence(self._lib, self._context.ctx, slot.seq, state, self.n_ctx):
+            slot.tokens, slot.previous = list(state.tokens), state
+            self._counters[f"restores_{tier_name}"] += 1
+            return tier_name
+        self._counters["restore_failures"] += 1
+        log.warning("KV restore for session %s failed: full prefill", job.session_id[:12])
+        self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+        return "none"
+
+    def _reusable(self, slot: Slot, tokens: Any) -> int:
+        limit = min(len(slot.tokens), len(tokens))
+        common = 0
+        while common < limit and slot.tokens[common] == tokens[common]:
+            common += 1
+        if len(slot.tokens) - common > self._max_rollback:
+            self._counters["prefix_reuse_refused"] += 1
+            log.info("prefix diverges %d tokens before the cache end: full prefill", len(slot.tokens) - common)
+            return 0
+        return common
+
+    def _step(self) -> None:
+        """One llama_decode: every answering turn's next token, then prompt chunks, oldest first."""
+        for slot in self._slots:
+            if slot.job is not None and slot.job.cancelled.is_set():
+                self._end(slot, "cancelled")
+        batch = self._batch.batch
+        entries: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
+        n = 0
+        for slot in self._slots:
+            if slot.job is not None and slot.pending is not None:
+                n = self._put(batch, n, slot.seq, [slot.pending], len(slot.tokens), True)
+                slot.tokens.append(slot.pending)
+                slot.pending = None
+                entries.append((slot, n - 1))
+        prefilling = sorted((s for s in self._slots if s.prefilling), key=lambda s: s.last_used)
+        for slot in prefilling:
+            room = self._opts.n_batch - n
+            if room <= 0:
+                break
+            assert slot.job is not None
+            chunk = list(slot.job.tokens[slot.prompt_at : slot.prompt_at + room])
+            last = slot.prompt_at + len(chunk) == len(slot.job.tokens)
+            n = self._put(batch, n, slot.seq, chunk, slot.prompt_at, last)
+            slot.tokens.extend(chunk)
+            slot.prompt_at += len(chunk)
+            if last:
+                entries.append((slot, n - 1))
+        if n == 0:
+            return
+        batch.n_tokens = n
+        rc = self._lib.llama_decode(self._context.ctx, batch)
+        self._counters["batch_steps"] += 1
+        self._counters["batch_tokens"] += n
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
+        for slot, index in entries:
+            if slot.sampler is None:  # its prompt is in: the answer starts
+                self._prefilled(slot)
+            self._sample(slot, index)
+
+    @staticmethod
+    def _put(batch: Any, n: int, seq: int, tokens: list[int], pos: int, logits_last: bool) -> int:
+        for i, token in enumerate(tokens):
+            batch.token[n + i] = token
+            batch.pos[n + i] = pos + i
+            batch.n_seq_id[n + i] = 1
+            batch.seq_id[n + i][0] = seq
+            batch.logits[n + i] = logits_last and i == len(tokens) - 1
+        return n + len(tokens)
+
+    def _prefilled(self, slot: Slot) -> None:
+        job = slot.job
+        assert job is not None
+        slot.previous = None
+        self._counters["prefill_tokens_evaluated"] += len(job.tokens) - slot.reused
+        self._counters["prefill_tokens_reused"] += slot.reused
+        job.emit(PrefillDone(len(job.tokens), slot.reused, slot.restored_from))
+        self._llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
+        slot.sampler = self._llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
+        slot.guided = (GrammarSampler(self._lib, self._vocab, self._llm.n_vocab(), slot.sampler.sampler, job.grammar)
+                       if job.grammar else None)
+        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        slot.stops = StopMatcher(job.params.stop)
+        slot.loop_guard = LoopGuard(self._opts.repeated_line_stop)
+
+    def _sample(self, slot: Slot, index: int) -> None:
+        job, stops, guard = slot.job, slot.stops, slot.loop_guard
+        assert job is not None and stops is not None and guard is not None
+        if slot.produced >= job.max_new:
+            self._end(slot, "length")
+            return
+        ctx = self._context.ctx
+        token = slot.guided.sample(ctx, index) if slot.guided else slot.sampler.sample(self._context, index)
+        if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
+            self._end(slot, "stop")
+            return
+        slot.produced += 1
+        text = stops.feed(slot.decoder.decode(self._llm.detokenize([token])))
+        if text:
+            job.emit(RawText(text))
+        if stops.hit is not None:
+            self._end(slot, "stop")
+        elif guard.feed(text):
+            self._counters["repetition_stops"] += 1
+            self._end(slot, "stop")
+        elif slot.produced >= job.max_new:
+            self._end(slot, "length")
+        else:
+            slot.pending = token  # evaluated next step: the KV covers everything the client sends back
+
+    def _end(self, slot: Slot, finish: str) -> None:
+        job = slot.job
+        assert job is not None
+        if slot.prefilling:  # cancelled mid-prompt: the whole chunks evaluated stay, exact
+            self._counters["prefills_cancelled"] += 1
+            self._counters["prefill_tokens_evaluated"] += slot.prompt_at - slot.reused
+            log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
+                     job.session_id[:12], slot.prompt_at, len(job.tokens))
+            job.emit(RawDone("cancelled", 0, None))
+        else:
+            stops = slot.stops
+            tail = (stops.feed(slot.decoder.decode(b"", final=True)) + stops.flush()) if stops else ""
+            if tail:
+                job.emit(RawText(tail))
+            self._counters["completion_tokens"] += slot.produced
+            job.emit(RawDone(finish, slot.produced, stops.hit if stops else None))
+        self._release(slot)
+        job.loop.call_soon_threadsafe(self._job_done, job)
+
+    def _release(self, slot: Slot) -> None:
+        if slot.guided is not None:
+            slot.guided.close()
+        slot.job, slot.pending, slot.sampler, slot.guided, slot.stops, slot.loop_guard = None, None, None, None, None, None
+        slot.reserve, slot.previous = 0, None
+        slot.last_used = time.monotonic()
+        self._report_holding()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for slot in self._slots:
+            job, previous = slot.job, slot.previous
+            self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+            session = slot.session_id
+            slot.session_id, slot.tokens = None, []
+            if job is None:
+                continue
+            if previous is not None and self._tier is not None and session is not None:
+                self._tier.stash(session, previous)  # still exact: a retry prefills only its new tokens
+                self._counters["states_kept_after_failure"] += 1
+            self._release(slot)
+            job.emit(RawError(exc))
+            job.loop.call_soon_threadsafe(self._job_done, job)
+
+    def _report_holding(self) -> None:
+        if self._tier is not None:
+            self._tier.holding_many({s.session_id: len(s.tokens) for s in self._slots if s.session_id})

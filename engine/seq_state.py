@@ -1,0 +1,44 @@
+"""One sequence's KV state out of a llama.cpp context and back (llama.cpp's sequence state API).
+
+A state saved from one sequence restores into any sequence of a context of the same model and cache
+settings: the single-sequence engine uses sequence 0, the batched engine the sequence a session is
+bound to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.base import SavedState, StateTier
+
+
+def save_sequence(lib: Any, ctx: Any, seq: int, tokens: Sequence[int], tier: StateTier | None) -> SavedState:
+    size = lib.llama_state_seq_get_size(ctx, seq)
+    # numpy's buffer, filled by llama.cpp in place: a ctypes array is zero-filled and string_at
+    # copies it again, both holding the GIL (30-300 ms for a 58 MB state here, the event loop
+    # frozen meanwhile). The tier's buffers are reused: fresh memory's first touch costs a VM
+    # ~1.5 ms per MB.
+    buf = tier.buffer(size) if tier is not None else np.empty(size, dtype=np.uint8)
+    written = lib.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq)
+    return SavedState(tuple(int(t) for t in tokens), memoryview(buf[:written]))
+
+
+def restore_sequence(lib: Any, ctx: Any, seq: int, state: SavedState, n_ctx: int) -> bool:
+    """Put `state` into sequence `seq` (emptied first); False if it does not fit or does not restore
+    exactly the positions its token ids claim (the caller then prefills in full)."""
+    memory = lib.llama_get_memory(ctx)
+    lib.llama_memory_seq_rm(memory, seq, -1, -1)
+    n = len(state.tokens)
+    if n == 0 or n > n_ctx:
+        return False
+    kind = ctypes.c_uint8 * len(state.blob)
+    # llama.cpp only reads the buffer; ctypes wants a writable one to share it without a copy.
+    shared = isinstance(state.blob, memoryview) and not state.blob.readonly
+    buf = kind.from_buffer(state.blob) if shared else kind.from_buffer_copy(state.blob)
+    if lib.llama_state_seq_set_data(ctx, buf, len(state.blob), seq) == 0:
+        return False
+    return bool(lib.llama_memory_seq_pos_max(memory, seq) == n - 1)
