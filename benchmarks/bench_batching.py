@@ -6,12 +6,11 @@ from __future__ import annotations
 import shutil
 import statistics
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 
 from benchmarks.common import BenchContext, Section, coding_sessions, md_table, pyplot, savefig, spread
-from benchmarks.timing import agent_history, percentile, prepare_sessions, session_turn
+from benchmarks.timing import agent_history, at_once, percentile, prepare_sessions, session_turn
 from gateway.process import GatewayProcess
 
 TITLE = "Parallel agents: several sequences decoded together (issue 41)"
@@ -27,7 +26,7 @@ class Rounds:
     errors: int = 0
 
 
-def one_round(url: str, histories: list[list[dict[str, str]]], run: str, label: str, answer_tokens: int,
+def one_round(url: str, histories: list[list[dict[str, str]]], run: str, answer_tokens: int,
               result: Rounds) -> None:
     """Every session asks at once; each history grows by its question and the answer served."""
     ttfts: list[float] = []
@@ -41,7 +40,7 @@ def one_round(url: str, histories: list[list[dict[str, str]]], run: str, label: 
         body = {"model": "m", "messages": [*history, question], "max_tokens": answer_tokens, "temperature": 0,
                 "stream_options": {"include_usage": True}}
         try:
-            turn = session_turn(url, f"batching-{run}-{label}-{index}", body, timeout=1800)
+            turn = session_turn(url, f"load-{run}-{index}", body, timeout=1800)  # prepare_sessions' ids
         except Exception:  # counted: a failed turn is a bad number, reported
             with lock:
                 result.errors += 1
@@ -53,13 +52,7 @@ def one_round(url: str, histories: list[list[dict[str, str]]], run: str, label: 
         # prompt growing the same way on both engines.
         history.extend([question, {"role": "assistant", "content": "Noted."}])
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(histories))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(1800)
-    seconds = time.perf_counter() - started
+    seconds = at_once(client, len(histories))
     result.tokens_per_s.append(sum(tokens) / seconds)
     result.ttft_s.extend(ttfts)
     if ttfts:
@@ -73,7 +66,7 @@ def run(ctx: BenchContext) -> Section:
     n_sessions = 4
     history_tokens, answer_tokens, rounds = (1024, 16, 2) if ctx.quick else (8192, 128, 5)
     base = [agent_history(sessions[3 * i:], history_tokens, ctx.count_tokens) for i in range(n_sessions)]
-    n_ctx = 8192 if ctx.quick else 40960  # the four histories and their answers resident at once
+    n_ctx = 4096 if ctx.quick else 16384  # per session: its history and every round's question and answer
     run_id = uuid.uuid4().hex[:8]
     work = ctx.cache_dir / "work" / f"batching-{run_id}"
     servers: dict[str, GatewayProcess] = {}
@@ -85,12 +78,11 @@ def run(ctx: BenchContext) -> Section:
                 work / sequences, "--model", str(ctx.model_path), "--n-ctx", str(n_ctx), "--sequences", sequences,
                 "--threshold", "1000000000", "--ram-budget-mb", "4096", "--queue-size", "16",
                 "--repeated-line-stop", "0")
-            histories[label] = prepare_sessions(servers[label].url, [list(h) for h in base], f"{run_id}-{label}")
+            histories[label] = prepare_sessions(servers[label].url, [list(h) for h in base], f"{run_id}-{ENGINES[label]}")
         # Interleaved, one engine at a time: each round sees the same machine state on both.
         for r in ctx.progress(range(rounds), "batching rounds", total=rounds):
             for label in (list(ENGINES) if r % 2 == 0 else list(reversed(ENGINES))):
-                one_round(servers[label].url, histories[label], run_id, label.split()[0], answer_tokens,
-                          results[label])
+                one_round(servers[label].url, histories[label], f"{run_id}-{ENGINES[label]}", answer_tokens, results[label])
     finally:
         for server in servers.values():
             server.stop()
@@ -128,9 +120,10 @@ def _report(ctx: BenchContext, results: dict[str, Rounds], history_tokens: int, 
         f"4 sessions, each a real coding-agent history of ~{history_tokens:,} tokens served once before (its "
         f"full prefill, not timed), ask at once, {rounds} rounds: each round every session sends its history "
         f"plus a new question and streams a {answer_tokens}-token greedy answer. Two gateways in one run, "
-        f"same model, `--n-ctx {n_ctx:,}` (the four histories fit the context together): `--sequences 1`, the "
+        f"same model, `--n-ctx {n_ctx:,}`: `--sequences 1`, the "
         "single-sequence engine, which serves one turn at a time and moves the other sessions' KV through the "
-        "RAM tier, and `--sequences 4`, the batched engine (each session bound to a sequence of one context; "
+        "RAM tier, and `--sequences 4`, the batched engine (each session bound to a sequence of one context, "
+        f"{n_ctx:,} tokens each; "
         "one llama_decode per step carries every answering session's next token and the prompt chunks of "
         "those still prefilling). Rounds alternate which engine goes first. Throughput is all sessions' "
         "output tokens over the round's wall time; time to first token is per turn, from sending to the "

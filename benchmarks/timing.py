@@ -395,15 +395,20 @@ def measure_load(server: GatewayProcess, histories: list[list[dict[str, str]]], 
         histories[index] = history  # the session as served: the next level goes on from it
 
     offset = len(server.log())
+    seconds = at_once(client, len(histories))
+    return LoadResult(len(histories), len(histories) * turns, errors, seconds, latencies,
+                      restored_since(server.log(), offset))
+
+
+def at_once(client: Callable[[int], None], n: int, timeout: float = 1800) -> float:
+    """Run `client(0)` .. `client(n - 1)` on threads at once; the wall time until all ended."""
     started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(histories))]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(1800)
-    seconds = time.perf_counter() - started
-    return LoadResult(len(histories), len(histories) * turns, errors, seconds, latencies,
-                      restored_since(server.log(), offset))
+        thread.join(timeout)
+    return time.perf_counter() - started
 
 
 def summary_ms(values: Sequence[float]) -> tuple[float, float]:

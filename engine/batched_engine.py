@@ -1,17 +1,16 @@
 """The in-process llama.cpp engine with several sequences in one context, decoded together.
 
-One llama.cpp context holds up to `sequences` sessions' KV (a unified cache of `n_ctx` cells shared by
-all sequences). A session is bound to a sequence while its turn runs and stays resident after it, so
-its next turn reuses its prefix; a sequence another session needs is stashed to the state tier first
-(least recently used). One scheduler thread owns the context: each step it decodes one llama_batch
-holding the next token of every answering turn and, in the room left (`n_batch`), prompt chunks of
-the turns still prefilling, oldest first. A long prefill never freezes the other streams, and several
-answers cost little more per step than one (decode reads the weights once for all of them).
-
-Capacity is reserved, never overcommitted: a turn starts when its prompt plus its answer limit fit
-beside the other running turns; idle sessions' KV is stashed to make room, and a turn that still
-does not fit waits for one to end. The sliding-window rule of the single-sequence engine holds per
-sequence (a rollback deeper than the retained window prefills in full).
+One llama.cpp context holds up to `sequences` sessions' KV, each sequence in its own stream of `n_ctx`
+cells (so any session may use the whole context, and a token attends only to its own session's
+cells: a unified pool would make every token read every session's cells). A session is bound to a
+sequence while its turn runs and stays resident after it, so its next turn reuses its prefix; a
+sequence another session needs is stashed to the state tier first (least recently used). One
+scheduler thread owns the context: each step it decodes one llama_batch holding the next token of
+every answering turn and, in the room left (`n_batch`), prompt chunks of the turns still
+prefilling, oldest first. A long prefill never freezes the other streams, and several answers cost
+little more per step than one (decode reads the weights once for all of them). The sliding-window
+rule of the single-sequence engine holds per sequence (a rollback deeper than the retained window
+prefills in full).
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ class Slot:
     last_used: float = 0.0
     # the running turn
     prompt_at: int = 0  # prompt tokens in the KV so far (prefill is done when it reaches the prompt)
-    reserve: int = 0  # cells held for the turn: prompt + answer limit
     pending: int | None = None  # the sampled token the next step evaluates
     produced: int = 0
     reused: int = 0
@@ -72,14 +70,16 @@ class BatchedLlamaEngine(LlamaEngine):
         lib = self._lib
         params = lib.llama_context_default_params()
         ctypes.memmove(ctypes.byref(params), ctypes.byref(self._llm.context_params), ctypes.sizeof(params))
-        params.n_ctx = options.n_ctx
+        params.n_ctx = options.n_ctx * self.sequences  # llama.cpp gives each stream n_ctx / n_seq_max
         params.n_seq_max = self.sequences
-        params.kv_unified = True  # one pool of n_ctx cells: a session may use all of it
+        params.kv_unified = False
         from llama_cpp import _internals
 
         self._context = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
         self._batch = _internals.LlamaBatch(n_tokens=options.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._memory = lib.llama_get_memory(self._context.ctx)
+        # A sequence's saved state records the context's stream count: it restores only where that matches.
+        self.fingerprint += f"|sequences={self.sequences}"
         self._slots = [Slot(seq) for seq in range(self.sequences)]
         self._waiting: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
@@ -128,8 +128,6 @@ class BatchedLlamaEngine(LlamaEngine):
                 self._admit()
                 if self._busy():
                     self._step()
-                else:
-                    time.sleep(0.005)  # a waiting turn needs room that only a stash or an end frees
             except Exception as exc:  # a bug or a broken context: fail the turns, keep serving
                 log.exception("batched engine step failed")
                 self._fail_all(exc)
@@ -166,9 +164,8 @@ class BatchedLlamaEngine(LlamaEngine):
             self._waiting.popleft()
 
     def _slot_for(self, job: Job) -> Slot | None:
-        """The sequence holding the session, else a free or least recently used idle one, with room
-        made for the turn's reservation by stashing idle sessions; None if it must wait."""
-        need = len(job.tokens) + job.max_new
+        """The sequence holding the session, else a free or the least recently used idle one (its
+        session stashed to the tier); None while every sequence is busy."""
         idle = sorted((s for s in self._slots if s.job is None), key=lambda s: s.last_used)
         if not idle or any(s.job is not None and s.session_id == job.session_id for s in self._slots):
             return None  # a session's turns run one at a time, in its one sequence
@@ -176,15 +173,7 @@ class BatchedLlamaEngine(LlamaEngine):
         slot = own or next((s for s in idle if s.session_id is None), None) or idle[0]
         if slot.session_id != job.session_id:
             self._stash(slot)
-        for other in idle:  # least recently used first
-            if self._cells_used(slot) + need <= self.n_ctx:
-                break
-            if other is not slot:
-                self._stash(other)
-        return slot if self._cells_used(slot) + need <= self.n_ctx else None
-
-    def _cells_used(self, besides: Slot) -> int:
-        return sum(s.reserve if s.job is not None else len(s.tokens) for s in self._slots if s is not besides)
+        return slot
 
     def _stash(self, slot: Slot) -> None:
         if slot.session_id is not None and slot.tokens and self._tier is not None:
@@ -201,7 +190,7 @@ class BatchedLlamaEngine(LlamaEngine):
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, reuse, -1)
         del slot.tokens[reuse:]
         slot.job, slot.prompt_at, slot.reused = job, reuse, reuse
-        slot.reserve, slot.pending, slot.produced = len(job.tokens) + job.max_new, None, 0
+        slot.pending, slot.produced = None, 0
         slot.last_used = time.monotonic()
 
     def _restore_into(self, slot: Slot, job: Job) -> str:
@@ -343,7 +332,7 @@ class BatchedLlamaEngine(LlamaEngine):
         if slot.guided is not None:
             slot.guided.close()
         slot.job, slot.pending, slot.sampler, slot.guided, slot.stops, slot.loop_guard = None, None, None, None, None, None
-        slot.reserve, slot.previous = 0, None
+        slot.previous = None
         slot.last_used = time.monotonic()
         self._report_holding()
 

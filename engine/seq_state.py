@@ -1,8 +1,9 @@
 """One sequence's KV state out of a llama.cpp context and back (llama.cpp's sequence state API).
 
-A state saved from one sequence restores into any sequence of a context of the same model and cache
-settings: the single-sequence engine uses sequence 0, the batched engine the sequence a session is
-bound to.
+A state saved from one sequence restores into any sequence of a context of the same model, cache
+settings and sequence count (llama.cpp writes the count of KV streams into it): the single-sequence
+engine uses sequence 0, the batched engine the sequence a session is bound to. The engines put the
+sequence count in their fingerprint, so a store never offers a state the context cannot take.
 """
 
 from __future__ import annotations

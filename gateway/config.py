@@ -75,8 +75,8 @@ class Settings(BaseSettings):
     n_threads: int | None = Field(None, ge=1, description="CPU threads (default: all cores).")
     n_batch: int = Field(512, ge=8, description="Logical batch size for prefill.")
     sequences: int = Field(
-        4, ge=1, le=64, description="Sessions decoded together in one context (continuous batching); each turn "
-        "reserves its prompt plus its answer limit of the n_ctx cells they share. 1: the single-sequence engine.",
+        4, ge=1, le=64, description="Sessions decoded together in one context (continuous batching), each in its "
+        "own sequence of n_ctx tokens (KV memory: sequences x n_ctx). 1: the single-sequence engine.",
     )
     n_ubatch: int = Field(512, ge=8, description="Physical micro-batch size for prefill.")
     n_gpu_layers: int = Field(-1, ge=-1, description="Layers offloaded to a GPU (-1 = all; ignored by CPU builds).")

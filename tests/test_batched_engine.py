@@ -171,23 +171,39 @@ def test_a_follow_up_reuses_its_sequence_and_a_fourth_session_stashes_the_oldest
     assert follow_up.cached_tokens > 10
 
 
-def test_a_state_the_single_sequence_engine_saved_restores_into_the_batched_engine(model_path: Path) -> None:
-    """Changing `sequences` keeps every stored session resumable: one state format for both engines."""
+def test_a_state_restores_into_another_sequence_after_a_restart_and_not_across_sequence_counts(
+        model_path: Path) -> None:
+    """A state the batched engine saved restores into another instance (a restart) in another
+    sequence and gives the same next token; a context with another sequence count refuses it (the
+    stream count is part of llama.cpp's format), which the fingerprint keeps any store from offering."""
+    first = BatchedLlamaEngine(options(model_path), sequences=2)
+    lib, nv = first._lib, first._llm.n_vocab()
+    tokens = first.tokenize("def reverse(s):\n    return s[::-1]\n\nprint(reverse(")
+
+    def decode(engine: BatchedLlamaEngine, seq: int, chunk: list[int], pos: int) -> np.ndarray:
+        batch = engine._batch.batch
+        batch.n_tokens = engine._put(batch, 0, seq, chunk, pos, True)
+        assert lib.llama_decode(engine._context.ctx, batch) == 0
+        return np.ctypeslib.as_array(lib.llama_get_logits_ith(engine._context.ctx, len(chunk) - 1),
+                                     shape=(nv,)).copy()
+
+    decode(first, 0, tokens[:-1], 0)
+    state = save_sequence(lib, first._context.ctx, 0, tokens[:-1], None)
+    state = type(state)(state.tokens, bytes(state.blob))  # as the disk tier hands it back
+    expected = decode(first, 0, tokens[-1:], len(tokens) - 1)
+    fingerprint = first.fingerprint
+    asyncio.run(first.close())
+
+    again = BatchedLlamaEngine(options(model_path), sequences=2)
+    assert again.fingerprint == fingerprint
+    assert restore_sequence(lib, again._context.ctx, 1, state, again.n_ctx)
+    got = decode(again, 1, tokens[-1:], len(tokens) - 1)
+    asyncio.run(again.close())
+    assert np.array_equal(got, expected)
+
+    other = BatchedLlamaEngine(options(model_path), sequences=3)
     single = LlamaEngine(options(model_path))
-    tokens = single.tokenize("def reverse(s):\n    return s[::-1]\n\nprint(reverse(")
-    single._llm.eval(tokens[:-1])
-    state = single._save_state()
-    single._llm.eval(tokens[-1:])
-    lib, nv = single._lib, single._llm.n_vocab()
-    expected = np.ctypeslib.as_array(lib.llama_get_logits_ith(single._llm._ctx.ctx, -1), shape=(nv,)).copy()
+    assert len({fingerprint, other.fingerprint, single.fingerprint}) == 3
+    assert not restore_sequence(lib, other._context.ctx, 0, state, other.n_ctx)
+    asyncio.run(other.close())
     asyncio.run(single.close())
-    batched = BatchedLlamaEngine(options(model_path), sequences=2)
-    ctx = batched._context.ctx
-    assert restore_sequence(lib, ctx, 1, state, batched.n_ctx)
-    batch = batched._batch.batch
-    batch.n_tokens = batched._put(batch, 0, 1, tokens[-1:], len(tokens) - 1, True)
-    assert lib.llama_decode(ctx, batch) == 0
-    got = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, 0), shape=(nv,)).copy()
-    asyncio.run(batched.close())
-    assert int(got.argmax()) == int(expected.argmax())
-    assert np.abs(got - expected).max() < 1e-3

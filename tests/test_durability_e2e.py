@@ -183,7 +183,7 @@ def test_store_counters_move_on_metrics(start_gateway, tmp_path: Path) -> None: 
 
     session_dir = next(store.glob(f"sessions/*/{session_hash('', a)}"))
     (session_dir / ".kv.zst.4242.0.tmp").write_bytes(b"half a write")  # as a kill -9 mid-write leaves it
-    restarted = start_gateway("--ram-budget-mb", "0", store=store)
+    restarted = start_gateway("--ram-budget-mb", "0", "--sequences", "1", store=store)
     assert value(scrape(restarted.url), "pflash_store_leftovers_removed_total") == 1
     assert not list(session_dir.glob(".*.tmp"))
 
