@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import shutil
+import time
 import statistics
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from benchmarks.common import BenchContext, Section, coding_sessions, md_table, pyplot, savefig, spread
 from benchmarks.timing import agent_history, at_once, percentile, prepare_sessions, session_turn
@@ -59,6 +61,48 @@ def one_round(url: str, histories: list[list[dict[str, str]]], run: str, answer_
         result.worst_ttft_s.append(max(ttfts))
 
 
+def kernel_ceiling(model: Any, context_tokens: int, sequences: int, steps: int = 20) -> tuple[float, float]:
+    """llama.cpp alone, no gateway: the seconds of one decode step carrying one sequence's next token
+    and of one carrying all `sequences`' (each sequence holding `context_tokens` tokens): the most
+    batching can give on this machine."""
+    import numpy as np
+
+    from engine.batched_engine import BatchedLlamaEngine
+    from engine.llama_engine import LlamaOptions
+
+    engine = BatchedLlamaEngine(LlamaOptions(model_path=model, model_sha256="bench", n_ctx=context_tokens + 256),
+                                sequences=sequences)
+    lib, context, batch = engine._lib, engine._context.ctx, engine._batch.batch
+    tokens = [int(x) for x in np.random.default_rng(0).integers(100, 5000, context_tokens)]
+
+    def decode(rows: list[tuple[int, list[int], int]]) -> None:
+        n = 0
+        for seq, chunk, pos in rows:
+            n = engine._put(batch, n, seq, chunk, pos, True)
+        batch.n_tokens = n
+        if lib.llama_decode(context, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    for seq in range(sequences):
+        for at in range(0, context_tokens, 512):
+            decode([(seq, tokens[at : at + 512], at)])
+
+    def step_seconds(seqs: range) -> float:
+        started = time.perf_counter()
+        for k in range(steps):
+            decode([(s, [tokens[k]], context_tokens + k) for s in seqs])
+        for s in seqs:
+            lib.llama_memory_seq_rm(engine._memory, s, context_tokens, -1)
+        return (time.perf_counter() - started) / steps
+
+    try:
+        return step_seconds(range(1)), step_seconds(range(sequences))
+    finally:
+        import asyncio
+
+        asyncio.run(engine.close())
+
+
 def run(ctx: BenchContext) -> Section:
     sessions = coding_sessions(ctx, TITLE)
     if isinstance(sessions, Section):
@@ -87,11 +131,12 @@ def run(ctx: BenchContext) -> Section:
         for server in servers.values():
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return _report(ctx, results, history_tokens, answer_tokens, rounds, n_ctx)
+    ceiling = kernel_ceiling(ctx.model_path, history_tokens, len(base))
+    return _report(ctx, results, history_tokens, answer_tokens, rounds, n_ctx, ceiling)
 
 
 def _report(ctx: BenchContext, results: dict[str, Rounds], history_tokens: int, answer_tokens: int, rounds: int,
-            n_ctx: int) -> Section:
+            n_ctx: int, ceiling: tuple[float, float]) -> Section:
     single, batched = (results[label] for label in ENGINES)
     rows = []
     for label, r in results.items():
@@ -135,6 +180,11 @@ def _report(ctx: BenchContext, results: dict[str, Rounds], history_tokens: int, 
         "token, batched over single per round: "
         + (", ".join(f"{x:.2f}×" for x in worst_ratio) or "n/a")
         + f" (goal: never worse than the single engine's queueing: {'met' if ttft_met else 'not met'}).\n"
+        + f"\nThe ceiling on this machine, llama.cpp alone (no gateway): with every sequence holding "
+        f"{history_tokens:,} tokens, one decode step takes {1000 * ceiling[0]:.1f} ms for one sequence's next "
+        f"token and {1000 * ceiling[1]:.1f} ms for four sequences' at once, "
+        f"so batching can give at most **{4 * ceiling[0] / ceiling[1]:.2f}×** the output rate here (four rows "
+        f"of a step cost {ceiling[1] / ceiling[0]:.1f}× one). The engine's ratio above is measured against that.\n"
         + "\n![parallel agents](benchmarks/plots/batching.png)\n"
     )
     return Section(TITLE, text, [plot])
