@@ -195,13 +195,15 @@ class BatchedLlamaEngine(LlamaEngine):
 
     def _restore_into(self, slot: Slot, job: Job) -> str:
         slot.session_id, slot.tokens, slot.previous = job.session_id, [], None
+        started = time.perf_counter()  # fetch (disk read, zstd) + restore: what a resume costs
         found = self._tier.fetch(job.session_id) if self._tier is not None else None
         if found is None:
             return "none"
         state, tier_name = found
+        fetched = time.perf_counter()
         if restore_sequence(self._lib, self._context.ctx, slot.seq, state, self.n_ctx):
             slot.tokens, slot.previous = list(state.tokens), state
-            self._counters[f"restores_{tier_name}"] += 1
+            self._restored(job.session_id, state, tier_name, started, fetched)
             return tier_name
         self._counters["restore_failures"] += 1
         log.warning("KV restore for session %s failed: full prefill", job.session_id[:12])

@@ -8,6 +8,7 @@ measured here, so only a clear answer is the same text however it is batched), G
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,8 @@ def test_a_sequence_state_restored_into_another_sequence_gives_the_same_next_tok
     assert np.array_equal(from_origin, from_copy)  # one row alone in each batch: bit for bit
 
 
-def test_a_follow_up_reuses_its_sequence_and_a_fourth_session_stashes_the_oldest(model_path: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_a_follow_up_reuses_its_sequence_and_a_fourth_session_stashes_the_oldest(
+        model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Three sessions on two sequences: the third stashes the least recently used session's KV to
     the tier; that session's next turn restores it and prefills only its new tokens."""
     stashed: dict[str, Any] = {}
@@ -165,8 +166,10 @@ def test_a_follow_up_reuses_its_sequence_and_a_fourth_session_stashes_the_oldest
         await engine.close()
         return done
 
-    done = asyncio.run(run())
+    with caplog.at_level(logging.INFO, logger="pflash.engine"):
+        done = asyncio.run(run())
     follow_up = done[-1]
+    assert "KV restored from ram" in caplog.text  # the line the load and resume benchmarks read
     assert follow_up.restored_from == "ram"
     assert follow_up.cached_tokens > 10
 
