@@ -111,8 +111,8 @@ class BatchedLlamaEngine(LlamaEngine):
             self._stopping = True
             self._wake.notify()
         await asyncio.to_thread(self._thread.join)
-        for slot in self._slots:
-            self._stash(slot)
+        for slot in self._slots:  # copying a state out of llama.cpp takes a while: off the loop
+            await asyncio.to_thread(self._stash, slot)
         self._executor.shutdown(wait=True)
 
     # --- the scheduler thread -------------------------------------------------------------------
