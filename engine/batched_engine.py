@@ -186,7 +186,7 @@ class BatchedLlamaEngine(LlamaEngine):
 
     def _start(self, slot: Slot, job: Job) -> None:
         slot.restored_from = "context" if slot.session_id == job.session_id else self._restore_into(slot, job)
-        reuse = min(self._reusable(slot, job.tokens), len(job.tokens) - 1)  # the last token yields logits
+        reuse = min(self._reusable_prefix(slot.tokens, job.tokens), len(job.tokens) - 1)  # the last token yields logits
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, reuse, -1)
         del slot.tokens[reuse:]
         slot.job, slot.prompt_at, slot.reused = job, reuse, reuse
@@ -209,17 +209,6 @@ class BatchedLlamaEngine(LlamaEngine):
         log.warning("KV restore for session %s failed: full prefill", job.session_id[:12])
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
         return "none"
-
-    def _reusable(self, slot: Slot, tokens: Any) -> int:
-        limit = min(len(slot.tokens), len(tokens))
-        common = 0
-        while common < limit and slot.tokens[common] == tokens[common]:
-            common += 1
-        if len(slot.tokens) - common > self._max_rollback:
-            self._counters["prefix_reuse_refused"] += 1
-            log.info("prefix diverges %d tokens before the cache end: full prefill", len(slot.tokens) - common)
-            return 0
-        return common
 
     def _step(self) -> None:
         """One llama_decode: every answering turn's next token, then prompt chunks, oldest first."""
@@ -294,7 +283,7 @@ class BatchedLlamaEngine(LlamaEngine):
             return
         ctx = self._context.ctx
         token = slot.guided.sample(ctx, index) if slot.guided else slot.sampler.sample(self._context, index)
-        if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
+        if self._is_end(token):
             self._end(slot, "stop")
             return
         slot.produced += 1
@@ -303,8 +292,7 @@ class BatchedLlamaEngine(LlamaEngine):
             job.emit(RawText(text))
         if stops.hit is not None:
             self._end(slot, "stop")
-        elif guard.feed(text):
-            self._counters["repetition_stops"] += 1
+        elif self._ends_repeating(guard, text, job.session_id):
             self._end(slot, "stop")
         elif slot.produced >= job.max_new:
             self._end(slot, "length")

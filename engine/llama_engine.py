@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from engine.base import (
     EngineBusy,
     EngineEvent,
@@ -310,7 +309,7 @@ class LlamaEngine:
         llm = self._llm
         restored_from = self._switch_to(job.session_id, previous)
         tokens = list(job.tokens)
-        reuse = min(self._reusable_prefix(tokens), len(tokens) - 1)  # the last token yields logits
+        reuse = min(self._reusable_prefix(llm.input_ids[: llm.n_tokens], tokens), len(tokens) - 1)  # the last token yields logits
         llm.n_tokens = reuse
         started = time.perf_counter()
         for at in range(reuse, len(tokens), self._opts.n_batch):
@@ -352,7 +351,7 @@ class LlamaEngine:
                 finish = "cancelled"
                 break
             token = guided.sample(llm._ctx.ctx) if guided else sampler.sample(llm._ctx, -1)
-            if self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token):
+            if self._is_end(token):
                 finish = "stop"
                 break
             produced += 1
@@ -362,10 +361,7 @@ class LlamaEngine:
             if stops.hit is not None:
                 finish = "stop"
                 break
-            if loop.feed(text):  # one line over and over: the answer is done (engine/loop_guard.py)
-                self._counters["repetition_stops"] += 1
-                log.info("session %s: answer ended after one line repeated %d times", job.session_id[:12],
-                         loop.limit)
+            if self._ends_repeating(loop, text, job.session_id):
                 finish = "stop"
                 break
             if produced < job.max_new:
@@ -376,20 +372,29 @@ class LlamaEngine:
         self._counters["completion_tokens"] += produced
         job.emit(RawDone(finish, produced, stops.hit))
 
-    def _reusable_prefix(self, tokens: Sequence[int]) -> int:
-        llm = self._llm
-        cached = llm.n_tokens
-        limit = min(cached, len(tokens))
-        ids = llm.input_ids
+    def _reusable_prefix(self, cached: Sequence[int], tokens: Sequence[int]) -> int:
+        """How much of `cached` (what a sequence's KV covers) the prompt `tokens` may keep."""
+        limit = min(len(cached), len(tokens))
         common = 0
-        while common < limit and ids[common] == tokens[common]:
+        while common < limit and cached[common] == tokens[common]:
             common += 1
-        if cached - common > self._max_rollback:
+        if len(cached) - common > self._max_rollback:
             # Counted: after a restore this is a restore that did not save the prefill.
             self._counters["prefix_reuse_refused"] += 1
-            log.info("prefix diverges %d tokens before the cache end: full prefill", cached - common)
+            log.info("prefix diverges %d tokens before the cache end: full prefill", len(cached) - common)
             return 0
         return common
+
+    def _is_end(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token))
+
+    def _ends_repeating(self, guard: LoopGuard, text: str, session_id: str) -> bool:
+        """One line over and over: the answer is done (engine/loop_guard.py); counted and logged."""
+        if not guard.feed(text):
+            return False
+        self._counters["repetition_stops"] += 1
+        log.info("session %s: answer ended after one line repeated %d times", session_id[:12], guard.limit)
+        return True
 
     def _switch_to(self, session_id: str, previous: list[SavedState]) -> str:
         if self._current == session_id:
