@@ -13,7 +13,7 @@ from gateway.config import Settings
 TITLE = "Time to first token with compression"
 REPS = 5
 SIZES = (17000, 31000)  # just over the threshold, where compression gains least; and the ~30K goal's size
-GOAL_AT, GOAL = 30000, 4.0  # issue 12: >= 4x at ~30K tokens, scorer time included
+GOAL_AT, GOAL = 30000, 4.5  # issue 40 (issue 12 asked 4x): at ~30K tokens, scorer time included
 DEFAULT_SCORER: str = Settings.model_fields["scorer"].default  # what a user gets
 
 
@@ -52,7 +52,7 @@ def run(ctx: BenchContext) -> Section:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [r.tool_tokens for r in results]
-    for label, pick in (("full prefill", "full_s"), ("compressed (bm25)", "compressed_s")):
+    for label, pick in (("full prefill", "full_s"), ("compressed (default scorer)", "compressed_s")):
         plot_repeated(ax, xs, [getattr(r, pick) for r in results], label)
     ax.set_xlabel("new tool output (tokens)")
     ax.set_ylabel("time to first token (s), median, min–max")
@@ -64,7 +64,7 @@ def run(ctx: BenchContext) -> Section:
         if r.tool_tokens >= GOAL_AT * 0.95:
             speedup = statistics.median(r.full_s) / statistics.median(r.compressed_s)
             verdict += (f"At {r.tool_tokens:,} tokens the compressed turn's first token came {speedup:.2f}× sooner "
-                        f"({'meets' if speedup >= GOAL else 'misses'} the ≥ {GOAL:.0f}× goal at ~30K tokens). ")
+                        f"({'meets' if speedup >= GOAL else 'misses'} the ≥ {GOAL:g}× goal at ~30K tokens). ")
     text = (
         "One agent turn whose new tool output is a terminal log of real sessions' outputs (request: "
         f"the session's issue). Each size is measured {reps} times, interleaved (the first path "
