@@ -36,9 +36,9 @@ log = logging.getLogger("pflash.metrics")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Per-request keys (aiohttp request mapping).
-_STARTED = "pflash_metrics_started"
-_API = "pflash_metrics_api"
-_FIRST_OUTPUT = "pflash_metrics_first_output"
+_STARTED: web.RequestKey[float] = web.RequestKey("pflash_metrics_started", float)
+_API: web.RequestKey[str] = web.RequestKey("pflash_metrics_api", str)
+_FIRST_OUTPUT: web.RequestKey[bool] = web.RequestKey("pflash_metrics_first_output", bool)
 
 _ROUTE_API = {
     "/v1/chat/completions": "openai",

@@ -25,5 +25,5 @@ class AppState:
 
 APP_STATE: web.AppKey[AppState] = web.AppKey("pflash_state", AppState)
 # Per-request: the tenant (hash of the caller's API key, "" without auth) and whether it is admin.
-TENANT = "pflash_tenant"
-IS_ADMIN = "pflash_is_admin"
+TENANT: web.RequestKey[str] = web.RequestKey("pflash_tenant", str)
+IS_ADMIN: web.RequestKey[bool] = web.RequestKey("pflash_is_admin", bool)
