@@ -130,7 +130,7 @@ def test_features_are_finite_and_deterministic_for_any_text(units: list[str], re
     assert np.isfinite(x).all()
     assert np.array_equal(x, ranker_features(units, request))
     for name in ("bm25_rank", "bm25_of_best", "line_bm25_of_best", "rare_terms", "cited_line_share", "repeated_lines",
-                 "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere"):
+                 "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere", "edited_later"):
         col = x[:, FEATURES.index(name)]
         assert ((col >= 0) & (col <= 1)).all(), name
 

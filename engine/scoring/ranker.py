@@ -17,7 +17,8 @@ Two kinds, two weight sets each (with and without meaning). A tool output whose 
 gateway found (`answers_call`) is ranked by what the call and the agent's words ask. A transcript
 no call asked for (a pasted session log: policies/transcript.py) has only the task around it;
 there the transcript itself shows where attention went: lines it shows more than once (the code
-the agent opened again before editing it) are a further feature. Weights are fitted by
+the agent opened again before editing it), numbered lines a later command or traceback cites, and
+output of files a later command edits are further features. Weights are fitted by
 `python -m benchmarks.train ranker` on the train and validation splits of benchmarks/training/splits.json (gold lines
 of real coding sessions) and shipped as JSON. Without the encoder no model is needed (a 30K-token
 output scores in milliseconds); with it a 30K-token output costs ~2.5 s on two cores, and each
@@ -48,21 +49,23 @@ from engine.scoring.scorers import Bm25Scorer, Scorer
 from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
+from policies.transcript import edited_later_lines
 
 if TYPE_CHECKING:
     from engine.scoring.bundle import ScorerBundle
 
 SCHEMA = "pflash.ranker"
-VERSION = 4
+VERSION = 5
 FEATURES: tuple[str, ...] = (
     "bm25_density_rank", "bm25_rank", "bm25_of_best", "line_bm25_of_best", "line_bm25_rank", "rare_terms",
     "term_coverage", "log_terms", "neighbour_bm25", "neighbour_line_bm25", "near_bm25", "cited_line_share",
-    "repeated_lines", "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere",
+    "repeated_lines", "around_bm25", "around_line_bm25", "cited_elsewhere", "neighbour_cited_elsewhere", "edited_later",
 )
 # What only a transcript shows: where its author's attention went (lines shown again, lines its
-# own commands or tracebacks cite by number) and the stretch of the log that is about the task.
+# own commands or tracebacks cite by number, files it went on to edit) and the stretch of the log
+# that is about the task.
 TRANSCRIPT_FEATURES = ("repeated_lines", "around_bm25", "around_line_bm25", "cited_elsewhere",
-                       "neighbour_cited_elsewhere")
+                       "neighbour_cited_elsewhere", "edited_later")
 DENSE_FEATURES: tuple[str, ...] = ("dense_rank", "dense_of_best", "neighbour_dense")
 ALL_FEATURES = FEATURES + DENSE_FEATURES
 # Share of a message's characters, its lexically best units, that the encoder reads while the
@@ -190,6 +193,12 @@ def _cited_elsewhere(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
     return shares
 
 
+def _edited_later_share(unit_lines: Sequence[Sequence[str]], bounds: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per unit: the share of its lines shown under a command naming a file a later command edits."""
+    marked = edited_later_lines([line for lines in unit_lines for line in lines])
+    return np.array([sum(marked[a:b]) / (b - a) for a, b in bounds])
+
+
 def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     """One row of FEATURES per unit (see the module doc); pure and deterministic."""
     n = len(units)
@@ -219,6 +228,7 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
         mean_ranks01(bm25 / sizes), mean_ranks01(bm25), bm25_best, line_best, mean_ranks01(best_line), rare_hits, coverage,
         np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
         _repeated_share(unit_lines), _around(bm25_best), _around(line_best), elsewhere, _neighbour(elsewhere, 1),
+        _edited_later_share(unit_lines, bounds),
     ]
     return np.stack(columns, axis=1)
 
