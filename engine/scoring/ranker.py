@@ -124,15 +124,11 @@ def cited_spans(request: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _cited_share(lines: Sequence[str], spans: Sequence[tuple[int, int]]) -> float:
-    if not spans or not lines:
+def _cited_share(numbers: Sequence[int | None], spans: Sequence[tuple[int, int]]) -> float:
+    """The share of a unit's lines (their line numbers, None where unnumbered) that `spans` cite."""
+    if not spans or not numbers:
         return 0.0
-    hits = 0
-    for line in lines:
-        found = line_number(line)
-        if found is not None:
-            hits += any(a <= found[0] <= b for a, b in spans)
-    return hits / len(lines)
+    return sum(1 for v in numbers if v is not None and any(a <= v <= b for a, b in spans)) / len(numbers)
 
 
 def _repeated_share(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
@@ -157,21 +153,16 @@ def _around(x: np.ndarray, reach: int = AROUND_REACH) -> np.ndarray:
     return _of_best((sums[hi] - sums[lo]) / (hi - lo))
 
 
-def _cited_elsewhere(unit_lines: Sequence[Sequence[str]]) -> np.ndarray:
+def _cited_elsewhere(unit_lines: Sequence[Sequence[str]], unit_numbers: Sequence[Sequence[int | None]]) -> np.ndarray:
     """Per unit: the share of its numbered lines (a file view, grep hits) whose number a line
     outside the unit cites: a later `sed -n '1339,1341p'`, a traceback's `line 1339`. Only
     unnumbered lines cite, so a view's own numbers and the code's literals do not."""
-    numbers: list[list[int]] = []
+    numbers = [[v for v in line_numbers if v is not None] for line_numbers in unit_numbers]
     spans: list[tuple[int, int, int]] = []  # (first, last, citing unit)
-    for k, lines in enumerate(unit_lines):
-        own = []
-        for line in lines:
-            found = line_number(line)
-            if found is not None:
-                own.append(found[0])
-            elif any(ch.isdigit() for ch in line):
+    for k, (lines, line_numbers) in enumerate(zip(unit_lines, unit_numbers)):
+        for line, v in zip(lines, line_numbers):
+            if v is None and any(ch.isdigit() for ch in line):
                 spans.extend((a, b, k) for a, b in cited_spans(line))
-        numbers.append(own)
     shares = np.zeros(len(unit_lines))
     if not spans:
         return shares
@@ -220,10 +211,13 @@ def ranker_features(units: Sequence[str], request: str) -> np.ndarray:
     idf_total = sum(idf.values()) or 1.0
     rare_hits = np.array([min(sum(1 for t in d if t in rare), RARE_TERMS_CAP) / RARE_TERMS_CAP for d in terms])
     coverage = np.array([sum(w for t, w in idf.items() if t in d) / idf_total for d in terms])
+    # Each line's number parsed once: the request's citations and the message's own both read it.
+    unit_numbers = [[found[0] if (found := line_number(line)) is not None else None for line in lines]
+                    for lines in unit_lines]
     spans = cited_spans(request)
-    cited = np.array([_cited_share(lines, spans) for lines in unit_lines])
+    cited = np.array([_cited_share(numbers, spans) for numbers in unit_numbers])
     bm25_best, line_best = _of_best(bm25), _of_best(best_line)
-    elsewhere = _cited_elsewhere(unit_lines)
+    elsewhere = _cited_elsewhere(unit_lines, unit_numbers)
     columns = [
         mean_ranks01(bm25 / sizes), mean_ranks01(bm25), bm25_best, line_best, mean_ranks01(best_line), rare_hits, coverage,
         np.log(sizes) / 6.0, _neighbour(bm25_best, 1), _neighbour(line_best, 1), _neighbour(bm25_best, 2), cited,
