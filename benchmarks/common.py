@@ -99,11 +99,11 @@ class BenchContext:
 
                 scorer = Bm25Scorer()
             elif name == "ranker":  # as it serves: meaning read by the sentence encoder when one loads
-                from engine.scoring.ranker import RankerScorer
+                from engine.scoring.ranker import MEANING_UNIT_TOKENS, RankerScorer
 
                 try:
                     # Its own encoder: the embed rows' unit cache must stay theirs (cold compressions).
-                    scorer = RankerScorer(dense=self._sentence_encoder())
+                    scorer = RankerScorer(dense=self._sentence_encoder(MEANING_UNIT_TOKENS))
                 except Exception as exc:  # noqa: BLE001 - as the gateway does: lexical weights, BM25 gate
                     self._scorer_notes["ranker"] = f"words alone: the sentence encoder did not load ({exc})"
                     scorer = RankerScorer()
@@ -165,12 +165,13 @@ class BenchContext:
             if forget is not None:
                 forget()
 
-    def _sentence_encoder(self) -> Any:
-        """A new EmbeddingScorer on the packaged encoder, converted into the cache once."""
-        from engine.scoring.embedder import EmbeddingScorer
+    def _sentence_encoder(self, unit_tokens: int | None = None) -> Any:
+        """A new EmbeddingScorer on the packaged encoder, converted into the cache once, reading
+        `unit_tokens` word pieces of a unit (the encoder's default when None)."""
+        from engine.scoring.embedder import DEFAULT_UNIT_TOKENS, EmbeddingScorer
         from engine.models.embedder_convert import embedder_path
 
-        return EmbeddingScorer(embedder_path(None, self.cache_dir / "models"))
+        return EmbeddingScorer(embedder_path(None, self.cache_dir / "models"), max_unit_tokens=unit_tokens or DEFAULT_UNIT_TOKENS)
 
     def scorer_note(self, name: str) -> str:
         return self._scorer_notes.get(name, "")
@@ -233,8 +234,11 @@ class MemoScorer:
     """
 
     def __init__(self, inner: Any) -> None:
+        from engine.scoring.scorers import size_exponent
+
         self.inner = inner
         self.name: str = inner.name
+        self.size_exponent = size_exponent(inner)  # the planner weighs units as it would for the scorer itself
         self._memo: dict[str, Any] = {}
 
     @staticmethod

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 
 from engine.scoring.bundle import ScorerBundle
-from policies.budget import parse_curve, token_budget
+from engine.scoring.scorers import size_exponent
+from policies.budget import keep_fraction, parse_curve, token_budget
 from policies.compression import CompressionPlan, plan_compression
 from policies.conversation_types import Message
 from policies.kept_lines import content_hash
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.rendering import split_lines
 from policies.request_finding import find_request
-from policies.segmentation import Unit, segment
+from policies.segmentation import Unit, max_segment_for, segment
 from policies.transcript import is_unasked_transcript
 
 log = logging.getLogger("pflash.compress")
@@ -67,18 +68,24 @@ class MessageCompressor:
         self._segments: LRUCache[str, tuple[list[str], list[int], list[Unit]]] = LRUCache(_SEGMENT_CACHE_ENTRIES)
         self._lock = threading.Lock()
 
-    def segment_message(self, text: str) -> tuple[list[str], list[int], list[Unit]]:
-        """Lines, tokens per line and units: a pure function of the text, so recall re-derives
-        exactly the units compression chose from. Cached: a follow-up's recall gate must not
-        re-tokenize the long messages it scores (only the new question is new work)."""
-        key = content_hash(text)
+    def curve_share(self, tokens: int) -> float:
+        """The share of a `tokens`-token message the budget curve keeps."""
+        return keep_fraction(tokens, self._curve)
+
+    def segment_message(self, text: str, keep_share: float) -> tuple[list[str], list[int], list[Unit]]:
+        """Lines, tokens per line and units: a pure function of the text and the share kept of it
+        (shorter units under a tight budget: max_segment_for), so recall re-derives exactly the
+        units compression chose from. Cached: a follow-up's recall gate must not re-tokenize the
+        long messages it scores (only the new question is new work)."""
+        max_segment = max_segment_for(keep_share, self.settings.min_segment, self.settings.max_segment)
+        key = f"{content_hash(text)}/{max_segment}"
         with self._lock:
             hit = self._segments.get(key)
         if hit is not None:
             return hit
         lines = split_lines(text)
         line_tokens = [self.count_tokens(line) for line in lines]
-        result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment))
+        result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, max_segment))
         with self._lock:
             self._segments[key] = result
         return result
@@ -91,7 +98,8 @@ class MessageCompressor:
         relevance too flat is no reason to serve the message whole (it cannot be)."""
         started = time.perf_counter()
         text = messages[index].content
-        lines, line_tokens, units = self.segment_message(text)
+        share = keep_ratio if keep_ratio is not None else self.curve_share(tokens)
+        lines, line_tokens, units = self.segment_message(text, share)
         request = find_request(messages, index, self.count_tokens, self.settings.request_tokens)
         unit_texts = ["".join(lines[u.first : u.last + 1]) for u in units]
         scoring_started = time.perf_counter()
@@ -107,7 +115,7 @@ class MessageCompressor:
         budget = int(tokens * keep_ratio) if keep_ratio is not None else token_budget(tokens, self._curve)
         plan = plan_compression(
             text, line_tokens, scores, units, budget, request.pinned_lines,
-            self.settings.fallback_spread if step_aside else -math.inf, self.count_tokens,
+            self.settings.fallback_spread if step_aside else -math.inf, self.count_tokens, size_exponent(scorer),
         )
         served_tokens = self.count_tokens(plan.text) if plan.compressed else tokens
         report = CompressionReport(plan.compressed, plan.reason, scorer.name, tokens, served_tokens,

@@ -26,7 +26,7 @@ from policies.admission import DEFAULT_THRESHOLD
 from policies.budget import DEFAULT_CURVE_SPEC, parse_curve
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.request_finding import DEFAULT_SCORED_TOKENS
-from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, TAIL_SLACK
+from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, TAIL_SLACK, TIGHT_SHARE
 
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pflash_toml", default=None)
 
@@ -132,7 +132,8 @@ class Settings(BaseSettings):
     )
     min_segment: int = Field(DEFAULT_MIN_SEGMENT, ge=1, description="Units smaller than this (tokens) merge forward.")
     max_segment: int = Field(DEFAULT_MAX_SEGMENT, ge=2, description="Units larger than this (tokens) split at line boundaries; "
-                             f"a remainder up to {TAIL_SLACK:g}× this stays whole.")
+                             f"a remainder up to {TAIL_SLACK:g}× this stays whole; half of it where the budget "
+                             f"keeps under {TIGHT_SHARE:g} of a message.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(

@@ -118,7 +118,9 @@ class RecallGate:
             if kept is None or key in seen:
                 continue
             seen.add(key)
-            lines, _tokens, units = self.compressor.segment_message(message.content)
+            # Segmented as compression did: its share came from the curve (keep_ratio is the CLI's alone).
+            share = self.compressor.curve_share(kept.total_tokens)
+            lines, _tokens, units = self.compressor.segment_message(message.content, share)
             flags = omitted_flags(units, kept.kept_ranges)
             label = record.map_labels.get(key, "an earlier message")
             out.extend(_Candidate(key, label, lines, u.first, u.last, u.tokens, flag) for u, flag in zip(units, flags))

@@ -59,13 +59,15 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     return ScorerChoice(fallback.bundle(), f"head: {head_error}")
 
 
-def _encoder(settings: Settings) -> EmbeddingScorer:
-    from engine.scoring.embedder import EmbeddingScorer
+def _encoder(settings: Settings, unit_tokens: int | None = None) -> EmbeddingScorer:
+    """The sentence encoder, reading `unit_tokens` word pieces of a unit (its own default when None)."""
+    from engine.scoring.embedder import DEFAULT_UNIT_TOKENS, EmbeddingScorer
     from engine.models.embedder_convert import embedder_path
 
     path = embedder_path(settings.embedder, settings.store_dir / "models")
     log.info("scorer %s: sentence encoder %s", settings.scorer, path.name)
-    return EmbeddingScorer(path, n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
+    return EmbeddingScorer(path, max_unit_tokens=unit_tokens or DEFAULT_UNIT_TOKENS,
+                           n_gpu_layers=settings.n_gpu_layers)  # one thread: see LlamaEncoder
 
 
 def _embedding_scorer(settings: Settings) -> EmbeddingScorer | FusionScorer:
@@ -80,7 +82,7 @@ def build_scorer(settings: Settings) -> ScorerChoice:
     if settings.scorer == "bm25":
         return ScorerChoice(Bm25Scorer().bundle())
     if settings.scorer == "ranker":
-        from engine.scoring.ranker import SHIPPED_RANKER, RankerError, RankerScorer, load_weights
+        from engine.scoring.ranker import MEANING_UNIT_TOKENS, SHIPPED_RANKER, RankerError, RankerScorer, load_weights
 
         path = Path(settings.ranker) if settings.ranker else SHIPPED_RANKER
         try:
@@ -91,7 +93,7 @@ def build_scorer(settings: Settings) -> ScorerChoice:
         dense, gate_fallback = None, None
         if settings.recall_embedder or settings.ranker_embedder:
             try:
-                dense = _encoder(settings)
+                dense = _encoder(settings, MEANING_UNIT_TOKENS)  # as its weights were fitted
             except Exception as exc:  # noqa: BLE001 - lexical weights and a BM25 gate need no model
                 log.warning("sentence encoder unavailable (%s): the ranker ranks by words alone and the recall gate "
                             "scores with bm25", exc)

@@ -61,10 +61,12 @@ def plan_compression(
     pinned_lines: tuple[int, int] | None = None,
     spread_threshold: float = DEFAULT_SPREAD_THRESHOLD,
     count_tokens: Callable[[str], int] | None = None,
+    size_exponent: float = 1.0,
 ) -> CompressionPlan:
     """Decide and render the compressed form of `text` (lines as `split_lines` gives them).
 
-    `scores` has one entry per unit. Units overlapping `pinned_lines` are always kept. The note
+    `scores` has one entry per unit. Units overlapping `pinned_lines` are always kept; the rest by
+    relevance per token**`size_exponent` (the scorer's own: `select_units`). The note
     and markers cost tokens too: they are counted with `count_tokens` when given, else bounded
     by their UTF-8 byte length, and the plan is only taken when kept lines plus that overhead is
     fewer tokens than the whole text ("no_gain" otherwise).
@@ -87,7 +89,7 @@ def plan_compression(
         if pinned_lines is not None and u.first <= pinned_lines[1] and u.last >= pinned_lines[0]
     )
     relevance = relevance_mass(scores)  # above the background: see relevance_mass
-    kept_ranges = kept_ranges_from_units(units, select_units(units, relevance, budget_tokens, pinned))
+    kept_ranges = kept_ranges_from_units(units, select_units(units, relevance, budget_tokens, pinned, size_exponent))
     # Checked before flatness: with a budget covering everything, any relevance is "flat".
     if kept_ranges == ((0, n - 1),):
         return _whole(text, n, total, REASON_NOTHING_OMITTED)

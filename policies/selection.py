@@ -27,11 +27,11 @@ def competition_ranks(values: Sequence[float]) -> list[int]:
     return out
 
 
-def _density(score: float, tokens: int) -> float:
+def _density(score: float, tokens: int, size_exponent: float = 1.0) -> float:
     # A unit that costs nothing is free to keep: rank it first if it has any relevance.
     if tokens <= 0:
         return math.inf if score > 0 else 0.0
-    return score / tokens
+    return score / tokens**size_exponent
 
 
 def relevance_mass(scores: Sequence[float]) -> list[float]:
@@ -61,12 +61,15 @@ def select_units(
     scores: Sequence[float],
     budget_tokens: int,
     pinned: frozenset[int] = frozenset(),
+    size_exponent: float = 1.0,
 ) -> list[int]:
     """Unit indices to keep, in original order.
 
     Pinned units are always kept and spend the budget first (they alone may exceed it). The rest
-    are taken by relevance density (score per token; ties: earlier unit first); a unit that does
-    not fit is skipped and smaller ones after it may still fit.
+    are taken by relevance density (score per token**size_exponent; ties: earlier unit first); a
+    unit that does not fit is skipped and smaller ones after it may still fit. An exponent below 1
+    suits a score that says whether a unit holds what is needed but not how much of it: a longer
+    unit that holds it tends to hold more lines of it, so its size is discounted less than in full.
     """
     if len(units) != len(scores):
         raise ValueError(f"{len(units)} units but {len(scores)} scores")
@@ -77,7 +80,7 @@ def select_units(
     remaining = budget_tokens - sum(units[i].tokens for i in kept)
     order = sorted(
         (i for i in range(len(units)) if i not in kept),
-        key=lambda i: (-_density(scores[i], units[i].tokens), i),
+        key=lambda i: (-_density(scores[i], units[i].tokens, size_exponent), i),
     )
     for i in order:
         if units[i].tokens <= remaining:

@@ -233,3 +233,16 @@ def test_follow_up_report_gives_median_and_mean_ratios_and_the_verdict() -> None
     timed.seconds[GATE_ON] = [0.5, 0.5, 6.0, 6.0, 6.0]
     timed.fired = [False, False, True, True, True]
     assert "(misses the ≤ 1.5× goal)" in followup_report(timed)
+
+
+def test_a_memoised_scorer_is_planned_as_the_scorer_itself() -> None:
+    """The retention sections memoise scores across budgets; the planner must still weigh unit size
+    by the scorer's own exponent (the ranker's is not per token)."""
+    from benchmarks.common import MemoBundle
+    from engine.scoring.ranker import RankerScorer
+    from engine.scoring.scorers import Bm25Scorer, size_exponent
+
+    ranker = RankerScorer()
+    memo = MemoBundle(ranker.bundle())
+    assert size_exponent(memo.bundle.compress) == size_exponent(memo.bundle.unasked) == ranker.size_exponent != 1.0
+    assert size_exponent(MemoBundle(Bm25Scorer().bundle()).bundle.compress) == 1.0

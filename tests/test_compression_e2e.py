@@ -129,6 +129,33 @@ def test_pasted_session_transcript_is_compressed_by_the_default_scorer(gateway: 
     assert kept and all(line in original_lines for line in kept)
 
 
+def report_session_log(last_command: str) -> str:
+    """A pasted session log: twelve files shown alike, then `last_command`, a test run and the question."""
+    lines = []
+    for k in range(12):
+        lines.append(f"$ cat report/part_{k}.py")
+        for j in range(6):
+            lines += [f"def figure_{k}_{j}(rows):", f"    return sum(r.amount_{j} for r in rows) * {k + j + 1}"]
+    lines += [last_command, "$ python -m pytest -q tests/test_report.py", "4 passed in 0.31s", "",
+              "The quarterly report shows the wrong figures. What did I change, and is it right?"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_view_of_a_file_the_log_edits_later_is_kept(gateway: Gateway) -> None:
+    """Twelve file views alike; a later `sed -i` edits one of them. The question names none, so
+    only the edit (the ranker's `edited_later`) sets that view apart: kept when the log edits the
+    file, left out when a later command merely reads it."""
+    served = {}
+    for label, command in (("edited", "$ sed -i 's/amount_3/amount_4/' report/part_7.py"),
+                           ("read", "$ grep -c amount_3 report/part_7.py")):
+        session = f"edited-{label}-" + uuid.uuid4().hex
+        response = post(gateway, session, [{"role": "user", "content": report_session_log(command)}])
+        assert response.headers["X-PFlash-Compressed"] == "true" and response.headers["X-PFlash-Scorer"] == "ranker"
+        served[label] = transcript(gateway, session)[0]["content"]
+    assert "def figure_7_3(rows):" in served["edited"]
+    assert "def figure_7_3(rows):" not in served["read"]
+
+
 def test_scorer_failure_serves_whole_through_real_engine(tmp_path: Path, model_path: Path) -> None:
     from engine.llama_engine import LlamaEngine, LlamaOptions
     from gateway.compressor import CompressionSettings

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.rendering import split_lines
-from policies.segmentation import TAIL_SLACK, Unit, check_units, detect_kind, segment
+from policies.segmentation import TAIL_SLACK, TIGHT_SHARE, Unit, check_units, detect_kind, max_segment_for, segment
 
 
 def toks(lines: list[str]) -> list[int]:
@@ -347,3 +347,14 @@ def test_units_reach_min_segment_when_lines_are_small(
         assert all(min_segment <= u.tokens <= TAIL_SLACK * max_segment for u in units)
     else:
         assert len(units) <= 1
+
+
+def test_units_are_half_as_long_under_a_tight_budget() -> None:
+    assert max_segment_for(0.27, 32, 512) == 512
+    assert max_segment_for(TIGHT_SHARE, 32, 512) == 512  # the default curve's shares (22.5 % and up) keep full units
+    assert max_segment_for(0.15, 32, 512) == 256
+    assert max_segment_for(0.15, 40, 64) == 40  # never below the merge size
+    lines = [f"value_{i} = compute({i})\n" for i in range(400)]
+    tokens = [6] * len(lines)
+    tight = segment(lines, tokens, 8, max_segment_for(0.15, 8, 64))
+    assert max(u.tokens for u in tight) <= 32 * TAIL_SLACK < max(u.tokens for u in segment(lines, tokens, 8, 64))

@@ -27,6 +27,14 @@ def test_select_by_density_skipping_what_does_not_fit() -> None:
     assert select_units(units, scores, 9) == []
 
 
+def test_a_size_exponent_below_one_discounts_a_longer_unit_less() -> None:
+    units = make_units([100, 25])
+    scores = [0.8, 0.3]  # per token 0.008 against 0.012; per sqrt(token) 0.08 against 0.06
+    assert select_units(units, scores, 100) == [1]
+    assert select_units(units, scores, 100, size_exponent=0.5) == [0]
+    assert select_units(units, scores, 100, size_exponent=1.0) == select_units(units, scores, 100)
+
+
 def test_ties_go_to_the_earlier_unit() -> None:
     units = make_units([10, 10, 10])
     assert select_units(units, [1.0, 1.0, 1.0], 20) == [0, 1]

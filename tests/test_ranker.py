@@ -13,6 +13,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 from engine.scoring.ranker import (
     ANSWERS_CALL,
     FEATURES,
+    MEANING_UNIT_TOKENS,
     SET_FEATURES,
     SHIPPED_RANKER,
     TRANSCRIPT_FEATURES,
@@ -28,6 +29,7 @@ from engine.scoring.ranker import (
 )
 from engine.scoring.bundle import ScorerBundle
 from engine.scoring.scorers import Bm25Scorer
+from engine.scoring.embedder import DEFAULT_UNIT_TOKENS
 
 FILLER = [
     "def render_header(page):\n    return page.title.upper()\n",
@@ -209,6 +211,9 @@ def one_set(**change: object) -> dict[str, object]:
     {"sets": one_set(weights=[float("nan")] * len(FEATURES))},
     {"sets": one_set(weights=[1.0])},
     {"sets": one_set(bias="high")},
+    {"size_exponent": -0.5},
+    {"size_exponent": float("nan")},
+    {"size_exponent": "0.5"},
 ])
 def test_malformed_weights_are_refused(tmp_path: Path, change: dict[str, object]) -> None:
     with pytest.raises(RankerError):
@@ -218,9 +223,9 @@ def test_malformed_weights_are_refused(tmp_path: Path, change: dict[str, object]
 def test_weights_round_trip(tmp_path: Path) -> None:
     sets = {kind: WeightSet(names, np.arange(len(names), dtype=float), -2.5) for kind, names in SET_FEATURES.items()}
     path = tmp_path / "r.json"
-    path.write_text(RankerWeights(sets, {"note": "test"}).to_json())
+    path.write_text(RankerWeights(sets, {"note": "test"}, 0.6).to_json())
     back = load_weights(path)
-    assert back.info == {"note": "test"}
+    assert back.info == {"note": "test"} and back.size_exponent == 0.6 and RankerScorer(path).size_exponent == 0.6
     for kind, ws in sets.items():
         got = back.sets[kind]
         assert got.features == ws.features and np.array_equal(got.weights, ws.weights) and got.bias == -2.5
@@ -232,6 +237,9 @@ def test_a_missing_ranker_falls_back_to_bm25_with_a_warning(tmp_path: Path, capl
 
     default = build_scorer(load_settings({"store_dir": tmp_path}))
     assert isinstance(default.scorers.compress, RankerScorer) and default.fallback is None
+    # The encoder reads units as the trainer's did; the embed scorer keeps the encoder's own default.
+    assert default.scorers.compress.dense is not None
+    assert default.scorers.compress.dense.max_unit_tokens == MEANING_UNIT_TOKENS != DEFAULT_UNIT_TOKENS
     with caplog.at_level(logging.WARNING, logger="pflash.scorer"):
         choice = build_scorer(load_settings({"store_dir": tmp_path, "ranker": str(tmp_path / "missing.json")}))
     assert isinstance(choice.scorers.compress, Bm25Scorer)
@@ -274,7 +282,10 @@ def test_train_ranker_fits_on_train_and_validation_only(tmp_path: Path, model_pa
     assert model.info["outputs"] >= len(picked)  # a session log each, and a tool output where one holds gold
     assert "validation keeps" in result.stderr and "cross-validation by session" in result.stderr
     assert set(model.info["cross_validated_gold_kept_27"]) == {
-        "ranker", "ranker_lexical", "bm25", *(f"ranker_{kind}{at}" for kind in (ANSWERS_CALL, UNASKED) for at in ("", "_at_15"))}
+        "ranker", "ranker_at_15", "ranker_lexical", "bm25", "bm25_at_15",
+        *(f"ranker_{kind}{at}" for kind in (ANSWERS_CALL, UNASKED) for at in ("", "_at_15"))}
+    trials = model.info["cross_validated_by_size_exponent"]
+    assert model.size_exponent == max(float(b) for b, kept in trials.items() if kept == max(trials.values()))
     assert all(model.info["examples_by_set"][kind] > 0 for kind in (ANSWERS_CALL, UNASKED))
     assert set(model.sets) == set(SET_FEATURES) and model.info["encoder"] == "all-minilm-l6-v2.f16.gguf"
     scores = RankerScorer(out).score(FILLER, "parse the config file")
@@ -336,3 +347,28 @@ def test_the_compressor_scores_unasked_transcripts_with_the_unasked_weights() ->
             [task, Message("tool", output, tool_call_id="c9", name="bash")]
         plan, _ = compressor.compress(messages, len(messages) - 1, len(output.split()))
         assert plan.compressed and (asked.calls, unasked.calls) == expected, (with_call, expected)
+
+
+def test_the_compressor_plans_with_its_scorers_size_exponent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranker's chosen exponent reaches the planner; a scorer that declares none plans per token."""
+    import gateway.compressor as compressor_module
+    from gateway.compressor import CompressionSettings, MessageCompressor
+    from policies.conversation_types import Message
+
+    planned: list[float] = []
+    real_plan = compressor_module.plan_compression
+
+    def recording_plan(*args: object, **kwargs: object) -> object:
+        planned.append(float(args[-1]))  # type: ignore[arg-type]
+        return real_plan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compressor_module, "plan_compression", recording_plan)
+    output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
+    messages = [Message("user", "Which handler routes event 217?"), Message("user", output)]
+    settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
+    ranker = RankerScorer()
+    for scorer, expected in ((ranker, ranker.size_exponent), (Bm25Scorer(), 1.0)):
+        compressor = MessageCompressor(lambda text: len(text.split()), ScorerBundle(scorer, scorer, scorer), settings)
+        compressor.compress(messages, 1, len(output.split()))
+        assert planned[-1] == expected
+    assert ranker.size_exponent != 1.0  # the shipped weights chose their own

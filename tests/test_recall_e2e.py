@@ -81,3 +81,31 @@ def test_theta_one_turns_recall_off(start_gateway) -> None:  # type: ignore[no-u
     response = post(server, session, follow)
     assert response.headers["X-PFlash-Recall"] == "false"
     assert transcript(server, session)[-1]["content"] == follow[-1]["content"]
+
+
+def test_a_tight_budget_cuts_shorter_units_and_recall_brings_them_back(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Under 20 % of a message kept, units are at most half `max_segment` (policies/segmentation.py);
+    the gate re-derives those units from the kept-line map, so a follow-up about an omitted step
+    brings back exact original lines."""
+    from tests.test_compressor_units import long_functions
+
+    server = start_gateway("--budget-curve", "300:0.15 100000:0.15")
+    session = "tight-" + uuid.uuid4().hex
+    output = long_functions(n=16)
+    original_lines = output.splitlines()
+    messages = tool_conversation(output, "Which step calls adjust_7?")
+    first = post(server, session, messages)
+    assert first.headers["X-PFlash-Compressed"] == "true"
+    served = transcript(server, session)[3]["content"]
+    assert "    rows = adjust_7(rows, 3)" in served and "    rows = checkpoint_12(rows)" not in served
+    follow = [*messages, {"role": "assistant", "content": reply_text(first)},
+              {"role": "user", "content": "What does checkpoint_12 do to the rows?"}]
+    recalled = post(server, session, follow)
+    assert recalled.headers["X-PFlash-Recall"] == "true"
+    turn = transcript(server, session)[-1]["content"]
+    headers = [(i, m) for i, line in enumerate(turn.splitlines()) if (m := RECALL_HEADER.match(line))]
+    assert headers and "    rows = checkpoint_12(rows)" in turn
+    body = turn.splitlines()
+    for at, match in headers:
+        first_line, last_line = int(match.group(1)), int(match.group(2) or match.group(1))
+        assert body[at + 1 : at + 2 + last_line - first_line] == original_lines[first_line - 1 : last_line]

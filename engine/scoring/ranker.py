@@ -20,10 +20,12 @@ there the transcript itself shows where attention went: lines it shows more than
 the agent opened again before editing it), numbered lines a later command or traceback cites, and
 output of files a later command edits are further features. Weights are fitted by
 `python -m benchmarks.train ranker` on the train and validation splits of benchmarks/training/splits.json (gold lines
-of real coding sessions) and shipped as JSON. Without the encoder no model is needed (a 30K-token
-output scores in milliseconds); with it a 30K-token output costs ~2.5 s on two cores, and each
-unit's vector is kept for the recall gate (gateway/background_embedding.py embeds the rest after
-the turn).
+of real coding sessions) and shipped as JSON, with the exponent the planner weighs a unit's size by
+(a probability says whether a unit holds what is needed, not how many lines of it: a longer unit
+that does tends to hold more, so units are kept by probability per token**size_exponent, the
+exponent chosen by cross-validation). Without the encoder no model is needed (a 30K-token output
+scores in milliseconds); with it a 30K-token output costs ~1.7 s on two cores, and each unit's
+vector is kept for the recall gate (gateway/background_embedding.py embeds the rest after the turn).
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ ALL_FEATURES = FEATURES + DENSE_FEATURES
 # 94.2 / 94.4 / 94.4 % of gold at 27 % reading 0.4 / 0.45 / 0.5 / 0.55 / 0.7 of it, 94.0 % reading
 # all (words alone 91.9 %); a 30K-token output costs the encoder ~5 s on two cores read whole.
 MEANING_SHARE = 0.5
+# Word pieces the encoder reads of each unit it reads (its head names what the unit is about; the
+# packaged encoder's default is 128): 5-fold cross-validation kept as much gold reading 96 as 128
+# (mean over budgets of 10-30 %: 89.6 against 89.0 %; 64: 89.0 %), and a 30K-token output costs the
+# encoder 1.7 s instead of 2.1 s on two cores. Training reads units as serving does.
+MEANING_UNIT_TOKENS = 96
 ANSWERS_CALL, UNASKED = "answers_call", "unasked"
 WITH_MEANING = "+dense"  # a kind's weight set over the lexical and the meaning features
 # An output answering a call is not ranked by the transcript features: in training its neighbours
@@ -92,6 +99,7 @@ RARE_TERMS_CAP = 5  # more rare request terms in one unit say no more
 _CITED = re.compile(r"(?<![\w.])(\d{2,6})(?:\s*[,-]\s*(\d{2,6}))?")
 MAX_CITED_SPAN = 2000  # "1-100000" is not a range of lines anyone reads
 REPEAT_MIN_CHARS = 9  # shorter lines (`)`, `else:`, blank) repeat everywhere and say nothing
+MAX_SIZE_EXPONENT = 2.0  # beyond it size would outweigh any probability
 AROUND_REACH = 3  # units each side: a log's stretch about the task (5-fold CV by session: 3 > 6 > 12)
 
 
@@ -278,12 +286,15 @@ class WeightSet:
 class RankerWeights:
     sets: dict[str, WeightSet]  # ANSWERS_CALL and UNASKED
     info: dict[str, Any]
+    # The planner keeps units by probability per token**size_exponent (policies/selection.py): a
+    # probability says whether a unit holds gold, not how many lines of it. Chosen by the trainer.
+    size_exponent: float = 1.0
 
     def to_json(self) -> str:
         sets = {name: {"features": list(ws.features), "weights": [round(float(w), 6) for w in ws.weights],
                        "bias": round(ws.bias, 6)} for name, ws in self.sets.items()}
         return json.dumps({"schema": SCHEMA, "version": VERSION, "features": list(ALL_FEATURES), "sets": sets,
-                           "info": self.info}, indent=1) + "\n"
+                           "size_exponent": self.size_exponent, "info": self.info}, indent=1) + "\n"
 
 
 def _weight_set(path: Path, name: str, doc: Any) -> WeightSet:
@@ -310,8 +321,11 @@ def load_weights(path: Path) -> RankerWeights:
     if tuple(doc.get("features", ())) != ALL_FEATURES:
         raise RankerError(f"{path} was fitted on other features: {doc.get('features')}")
     sets = doc.get("sets") if isinstance(doc.get("sets"), dict) else {}
+    exponent = doc.get("size_exponent", 1.0)  # files written before it was chosen: per token
+    if not isinstance(exponent, (int, float)) or isinstance(exponent, bool) or not 0.0 <= exponent <= MAX_SIZE_EXPONENT:
+        raise RankerError(f"{path}: size_exponent must be a number in [0, {MAX_SIZE_EXPONENT:g}], got {exponent!r}")
     return RankerWeights({name: _weight_set(path, name, sets.get(name)) for name in SET_FEATURES},
-                         dict(doc.get("info") or {}))
+                         dict(doc.get("info") or {}), float(exponent))
 
 
 def fit_weights(examples: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1.0, steps: int = 50) -> tuple[np.ndarray, float]:
@@ -368,6 +382,7 @@ class RankerScorer:
         self.path = path or SHIPPED_RANKER
         self.model = model or load_weights(self.path)
         self.weights = self.model.sets[kind]
+        self.size_exponent = self.model.size_exponent  # how the planner weighs a unit's size (scorers.size_exponent)
         self.meaning_weights = self.model.sets[kind + WITH_MEANING]
         # `dense` is also where a session's unit vectors are exported and restored (FeatureStore).
         self.dense = dense

@@ -27,6 +27,12 @@ class Scorer(Protocol):
         ...
 
 
+def size_exponent(scorer: Scorer) -> float:
+    """How the planner weighs a unit's size against this scorer's relevance (policies/selection.py):
+    1, relevance per token, unless the scorer declares its own (the ranker's is chosen with its weights)."""
+    return float(getattr(scorer, "size_exponent", 1.0))
+
+
 class Bm25Scorer:
     """Lexical relevance, no model: the fallback when no drafter is configured.
 
