@@ -30,7 +30,7 @@ import numpy as np
 from engine.scoring.embedder import EmbeddingScorer
 from engine.scoring.ranker import ANSWERS_CALL, FEATURES, MEANING_UNIT_TOKENS, SET_FEATURES, UNASKED, WITH_MEANING, RankerWeights, WeightSet, \
     columns_of, fit_weights, load_weights, meaning_candidates, meaning_features, ranker_features
-from policies.segmentation import TIGHT_SHARE
+from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, max_segment_for
 
 DATA_FILES = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TRAIN_SPLITS = ("train", "validation")
@@ -70,7 +70,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], dense: Embedding
     from policies.admission import DEFAULT_THRESHOLD as threshold
     from policies.request_finding import DEFAULT_SCORED_TOKENS as request_tokens
     from policies.request_finding import find_request
-    from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, max_segment_for, segment
+    from policies.segmentation import segment
     from policies.transcript import is_unasked_transcript
 
     paths = [data_dir / name for name in DATA_FILES if (data_dir / name).is_file()]
@@ -169,7 +169,9 @@ class Cuts:
     tight: list[Example]
 
     def at(self, ratio: float) -> list[Example]:
-        return self.tight if ratio < TIGHT_SHARE else self.full
+        """The cut serving makes when it keeps `ratio` of an output (the rule is max_segment_for's)."""
+        tight = max_segment_for(ratio, DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT) < DEFAULT_MAX_SEGMENT
+        return self.tight if tight else self.full
 
     def only(self, keep: Callable[[Example], bool]) -> Cuts:
         return Cuts([e for e in self.full if keep(e)], [e for e in self.tight if keep(e)])

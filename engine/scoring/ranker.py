@@ -382,7 +382,6 @@ class RankerScorer:
         self.path = path or SHIPPED_RANKER
         self.model = model or load_weights(self.path)
         self.weights = self.model.sets[kind]
-        self.size_exponent = self.model.size_exponent  # how the planner weighs a unit's size (scorers.size_exponent)
         self.meaning_weights = self.model.sets[kind + WITH_MEANING]
         # `dense` is also where a session's unit vectors are exported and restored (FeatureStore).
         self.dense = dense
@@ -409,6 +408,11 @@ class RankerScorer:
             meaning_failures=self.meaning_failures,
             gate_counters=embedding_gate.counters if embedding_gate is not None else {},
         )
+
+    @property
+    def size_exponent(self) -> float:
+        """How the planner weighs a unit's size (scorers.size_exponent): the weights file's."""
+        return self.model.size_exponent
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         x = ranker_features(units, request)
