@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 
-from benchmarks.timing import stream_turn
+from benchmarks.timing import stream_turn, wait_until_up
 from gateway.process import GatewayProcess, free_port
 
 
@@ -106,17 +105,7 @@ class LlamaServerTarget:
         self._offset = self._log_path.stat().st_size
         self._proc = subprocess.Popen([*self._args, "--port", str(port)], stdout=self._log, stderr=subprocess.STDOUT,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited: {self._log_path.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError("llama_cpp.server did not start in 300 s")
+        wait_until_up(self._proc, self.url + "/v1/models", "llama_cpp.server", self._log_path)
 
     def _new_log(self) -> str:
         with self._log_path.open("rb") as fh:

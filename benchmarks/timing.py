@@ -29,6 +29,22 @@ from sessions.layout import KV, read_kv_header
 Progress = Callable[[str], None]
 
 
+def wait_until_up(proc: Any, url: str, name: str, log: Path, timeout: float = 300) -> None:
+    """Wait until a server we started answers 200 at `url`; RuntimeError with its log's end if it
+    exits or does not answer in time."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{name} did not start in {timeout:.0f} s")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 

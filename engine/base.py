@@ -51,6 +51,9 @@ class PreparedPrompt:
     # constraint set means the engine passes the constraint on (an upstream) or nothing is needed.
     constraint: OutputConstraint = OutputConstraint()
     grammar: Grammar | None = field(default=None, repr=False)
+    # Token positions worth a prefix checkpoint: where the system prompt and tools end (what
+    # every session, sub-agent spawn and side request of one agent shares).
+    checkpoint_marks: tuple[int, ...] = ()
 
     @property
     def parses_tool_calls(self) -> bool:
@@ -64,7 +67,8 @@ class PrefillDone:
 
     prompt_tokens: int
     cached_tokens: int
-    restored_from: str  # "context" | "ram" | "disk" | "none"
+    restored_from: str  # "context" | "ram" | "disk" | "checkpoint" | "none"
+    checkpoint_tokens: int = 0  # of cached_tokens, those a shared prefix checkpoint brought
 
 
 EngineEvent = PrefillDone | ReasoningDelta | TextDelta | ToolCallDelta | Finished
@@ -102,6 +106,24 @@ class StateTier(Protocol):
     def buffer(self, n: int) -> Any:
         """A writable uint8 numpy array of `n` bytes to save a state into (memory the tier reuses)."""
         ...
+
+    def persist(self, session_id: str, state: SavedState) -> None:
+        """Write a copy of a state the context keeps to disk, in the background (crash resume)."""
+        ...
+
+
+class CheckpointTier(Protocol):
+    """Prefix checkpoints shared by every session (sessions/checkpoints.py)."""
+
+    def longest(self, tokens: Sequence[int], above: int = 0) -> int:
+        """The longest checkpoint over `above` tokens that is a prefix of `tokens` (0: none)."""
+        ...
+
+    def has(self, tokens: Sequence[int]) -> bool: ...
+
+    def load(self, tokens: Sequence[int]) -> tuple[SavedState, str] | None: ...
+
+    def add(self, state: SavedState, origin: str, owner: str) -> None: ...
 
 
 class Engine(Protocol):

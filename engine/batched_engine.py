@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.base import EngineUnavailable, PrefillDone, SavedState, StateTier
 from engine.grammar_sampler import GrammarSampler
-from engine.llama_engine import LlamaEngine, LlamaOptions
+from engine.llama_engine import PERSIST_AFTER_S, LlamaEngine, LlamaOptions
 from engine.llama_jobs import Job, RawDone, RawError, RawText
 from engine.loop_guard import LoopGuard
 from engine.seq_state import restore_sequence, save_sequence
@@ -51,6 +51,9 @@ class Slot:
     produced: int = 0
     reused: int = 0
     restored_from: str = "none"
+    checkpoint_tokens: int = 0  # of `reused`, what a shared prefix checkpoint brought
+    marks: list[int] = field(default_factory=list)  # prompt positions this prefill saves checkpoints at
+    persisted: int = 0  # tokens of the state last written to disk for crash resume
     previous: SavedState | None = None  # the state restored for this turn, until its prefill succeeds
     sampler: Any = None
     guided: GrammarSampler | None = None
@@ -66,6 +69,8 @@ class Slot:
 class BatchedLlamaEngine(LlamaEngine):
     def __init__(self, options: LlamaOptions, tier: StateTier | None = None, sequences: int = 4) -> None:
         self.sequences = max(1, sequences)
+        if self.sequences > options.n_batch:  # a step holds one token of every answering sequence
+            raise ValueError(f"sequences ({self.sequences}) must not exceed n_batch ({options.n_batch})")
         super().__init__(options, tier)
         lib = self._lib
         params = lib.llama_context_default_params()
@@ -82,6 +87,7 @@ class BatchedLlamaEngine(LlamaEngine):
         self.fingerprint += f"|sequences={self.sequences}"
         self._slots = [Slot(seq) for seq in range(self.sequences)]
         self._waiting: collections.deque[Job] = collections.deque()
+        self._forgetting: list[tuple[str, asyncio.Future[None]]] = []  # deleted sessions to drop
         self._wake = threading.Condition()
         self._stopping = False
         self._counters.update({"batch_steps": 0, "batch_tokens": 0, "sequence_stashes": 0})
@@ -95,10 +101,38 @@ class BatchedLlamaEngine(LlamaEngine):
     def _resident(self, session_id: str) -> bool:
         return any(s.session_id == session_id for s in self._slots)
 
+    def healthy(self) -> bool:
+        """The scheduler thread runs (a dead one would leave every turn waiting)."""
+        return self._thread.is_alive() or self._stopping
+
     def _submit(self, job: Job) -> None:
         with self._wake:
             self._waiting.append(job)
             self._wake.notify()
+
+    async def forget(self, session_id: str) -> None:
+        """A deleted session: its sequence is emptied on the scheduler thread, once its turn ended."""
+        done = asyncio.get_running_loop().create_future()
+        with self._wake:
+            self._forgetting.append((session_id, done))
+            self._wake.notify()
+        await done
+
+    def _forget_pending(self) -> None:
+        with self._wake:
+            asked, self._forgetting = self._forgetting, []
+        for session_id, done in asked:
+            for slot in self._slots:
+                if slot.session_id == session_id and slot.job is None:
+                    self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+                    slot.session_id, slot.tokens, slot.persisted = None, [], 0
+                elif slot.session_id == session_id:  # its turn still runs: try again after a step
+                    with self._wake:
+                        self._forgetting.append((session_id, done))
+                    break
+            else:
+                done.get_loop().call_soon_threadsafe(lambda d=done: d.done() or d.set_result(None))
+        self._report_holding()
 
     def stats(self) -> dict[str, float]:
         active = sum(1 for s in self._slots if s.job is not None)
@@ -111,6 +145,8 @@ class BatchedLlamaEngine(LlamaEngine):
             self._stopping = True
             self._wake.notify()
         await asyncio.to_thread(self._thread.join)
+        for _session, done in self._forgetting:  # nothing is held any more
+            done.get_loop().call_soon_threadsafe(lambda d=done: d.done() or d.set_result(None))
         for slot in self._slots:  # copying a state out of llama.cpp takes a while: off the loop
             await asyncio.to_thread(self._stash, slot)
         self._executor.shutdown(wait=True)
@@ -119,21 +155,50 @@ class BatchedLlamaEngine(LlamaEngine):
     def _schedule(self) -> None:
         while True:
             with self._wake:
-                while not self._waiting and not self._busy() and not self._stopping:
+                idle = not self._waiting and not self._busy() and not self._stopping
+                if idle and self._opts.persist_idle and self._unpersisted():
+                    # An agent's next turn often comes within a second (a quick tool): it must
+                    # not wait behind a state copy, nor share the cores with its compression.
+                    self._wake.wait(PERSIST_AFTER_S)
+                    idle = not self._waiting and not self._busy() and not self._stopping
+            if idle and self._opts.persist_idle and self._persist_one():
+                continue  # one state written: look for work again before the next
+            with self._wake:
+                while not self._waiting and not self._busy() and not self._stopping and not self._forgetting:
                     self._wake.wait()
                 if self._stopping and not self._busy():
                     waiting, self._waiting = list(self._waiting), collections.deque()
                     break
             try:
+                if self._forgetting:
+                    self._forget_pending()
                 self._admit()
                 if self._busy():
                     self._step()
             except Exception as exc:  # a bug or a broken context: fail the turns, keep serving
                 log.exception("batched engine step failed")
-                self._fail_all(exc)
-        for job in waiting:
-            job.emit(RawDone("cancelled", 0, None))
+                try:
+                    self._fail_all(exc)
+                except Exception:  # never let the scheduler die silently: /health reads it
+                    log.exception("failing the turns of a broken step failed too")
+        for job in waiting:  # never started: the client retries
+            job.emit(RawError(EngineUnavailable("the server is shutting down")))
             job.loop.call_soon_threadsafe(self._job_done, job)
+
+    def _unpersisted(self) -> bool:
+        return any(s.session_id is not None and len(s.tokens) > s.persisted for s in self._slots)
+
+    def _persist_one(self) -> bool:
+        """Idle: copy one session whose state grew since its last write to disk (crash resume; the
+        write runs on the tier's I/O thread). False when every resident state is on disk."""
+        for slot in sorted(self._slots, key=lambda s: -s.last_used):
+            if slot.session_id is not None and self._tier is not None and len(slot.tokens) > slot.persisted:
+                self._tier.persist(slot.session_id, save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens,
+                                                                  self._tier))
+                slot.persisted = len(slot.tokens)
+                self._counters["states_persisted"] += 1
+                return True
+        return False
 
     def _busy(self) -> bool:
         return any(s.job is not None for s in self._slots)
@@ -157,7 +222,14 @@ class BatchedLlamaEngine(LlamaEngine):
             if slot is None:
                 return
             self._pop_waiting()
-            self._start(slot, job)
+            try:
+                self._start(slot, job)
+            except Exception as exc:  # this job alone fails (its restore, its prompt); the others go on
+                log.exception("session %s: turn could not start", job.session_id[:12])
+                self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+                slot.session_id, slot.tokens, slot.persisted, slot.job = None, [], 0, None
+                job.emit(RawError(exc))
+                job.loop.call_soon_threadsafe(self._job_done, job)
 
     def _pop_waiting(self) -> None:
         with self._wake:
@@ -181,20 +253,31 @@ class BatchedLlamaEngine(LlamaEngine):
                                                             self._tier))
             self._counters["sequence_stashes"] += 1
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
-        slot.session_id, slot.tokens = None, []
+        slot.session_id, slot.tokens, slot.persisted = None, [], 0
         self._report_holding()
 
     def _start(self, slot: Slot, job: Job) -> None:
-        slot.restored_from = "context" if slot.session_id == job.session_id else self._restore_into(slot, job)
+        restored_from = "context" if slot.session_id == job.session_id else self._restore_into(slot, job)
         reuse = min(self._reusable_prefix(slot.tokens, job.tokens), len(job.tokens) - 1)  # the last token yields logits
+
+        def restore(state: SavedState) -> bool:
+            ok = restore_sequence(self._lib, self._context.ctx, slot.seq, state, self.n_ctx)
+            slot.tokens = list(state.tokens) if ok else []
+            return ok
+
+        start = self._prefix.start(job.tokens, reuse, restored_from, restore)
+        reuse = start.reuse
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, reuse, -1)
         del slot.tokens[reuse:]
+        slot.restored_from, slot.checkpoint_tokens = start.restored_from, start.checkpoint_tokens
+        slot.marks = self._prefix.positions(job.tokens, reuse, job.marks)
+        slot.persisted = min(slot.persisted, reuse)
         slot.job, slot.prompt_at, slot.reused = job, reuse, reuse
         slot.pending, slot.produced = None, 0
         slot.last_used = time.monotonic()
 
     def _restore_into(self, slot: Slot, job: Job) -> str:
-        slot.session_id, slot.tokens, slot.previous = job.session_id, [], None
+        slot.session_id, slot.tokens, slot.previous, slot.persisted = job.session_id, [], None, 0
         started = time.perf_counter()  # fetch (disk read, zstd) + restore: what a resume costs
         found = self._tier.fetch(job.session_id) if self._tier is not None else None
         if found is None:
@@ -203,6 +286,7 @@ class BatchedLlamaEngine(LlamaEngine):
         fetched = time.perf_counter()
         if restore_sequence(self._lib, self._context.ctx, slot.seq, state, self.n_ctx):
             slot.tokens, slot.previous = list(state.tokens), state
+            slot.persisted = len(state.tokens) if tier_name == "disk" else 0
             self._restored(job.session_id, state, tier_name, started, fetched)
             return tier_name
         self._counters["restore_failures"] += 1
@@ -225,12 +309,15 @@ class BatchedLlamaEngine(LlamaEngine):
                 slot.pending = None
                 entries.append((slot, n - 1))
         prefilling = sorted((s for s in self._slots if s.prefilling), key=lambda s: s.last_used)
+        fed: list[Slot] = []
         for slot in prefilling:
             room = self._opts.n_batch - n
             if room <= 0:
                 break
             assert slot.job is not None
-            chunk = list(slot.job.tokens[slot.prompt_at : slot.prompt_at + room])
+            mark = next((m for m in slot.marks if m > slot.prompt_at), len(slot.job.tokens))
+            chunk = list(slot.job.tokens[slot.prompt_at : min(slot.prompt_at + room, mark)])
+            fed.append(slot)
             last = slot.prompt_at + len(chunk) == len(slot.job.tokens)
             n = self._put(batch, n, slot.seq, chunk, slot.prompt_at, last)
             slot.tokens.extend(chunk)
@@ -245,6 +332,10 @@ class BatchedLlamaEngine(LlamaEngine):
         self._counters["batch_tokens"] += n
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
+        for slot in fed:  # a checkpoint where a chunk ended on a mark: the sequence covers exactly that
+            if slot.job is not None and slot.prompt_at in slot.marks:
+                self._prefix.save(self._context.ctx, slot.seq, slot.tokens, slot.job.marks, len(slot.job.tokens),
+                                  slot.job.session_id)
         for slot, index in entries:
             if slot.sampler is None:  # its prompt is in: the answer starts
                 self._prefilled(slot)
@@ -266,7 +357,7 @@ class BatchedLlamaEngine(LlamaEngine):
         slot.previous = None
         self._counters["prefill_tokens_evaluated"] += len(job.tokens) - slot.reused
         self._counters["prefill_tokens_reused"] += slot.reused
-        job.emit(PrefillDone(len(job.tokens), slot.reused, slot.restored_from))
+        job.emit(PrefillDone(len(job.tokens), slot.reused, slot.restored_from, slot.checkpoint_tokens))
         self._llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
         slot.sampler = self._llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
         slot.guided = (GrammarSampler(self._lib, self._vocab, self._llm.n_vocab(), slot.sampler.sampler, job.grammar)
@@ -331,7 +422,7 @@ class BatchedLlamaEngine(LlamaEngine):
             job, previous = slot.job, slot.previous
             self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
             session = slot.session_id
-            slot.session_id, slot.tokens = None, []
+            slot.session_id, slot.tokens, slot.persisted = None, [], 0
             if job is None:
                 continue
             if previous is not None and self._tier is not None and session is not None:

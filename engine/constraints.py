@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.gbnf import Rules, literal, namespaced, rules_text, text_without
+from engine.gbnf import MarkerAutomaton, Rules, literal, namespaced, negated_class, rules_text, text_without
 from policies.conversation_types import ToolSpec
 
 __all__ = ["CallMarkup", "ConstraintError", "Grammar", "OutputConstraint", "grammar_for", "output_constraint"]
@@ -121,10 +121,17 @@ class CallMarkup:
     block_close: str  # after the last call
     arguments_key: str
     marker: str  # text that opens call markup anywhere: what "none" forbids
+    fence: str = ""  # a code fence whose JSON the parser also reads as calls (Hermes: ```json)
 
+
+FENCE_CLOSE = "```"
+
+
+# Families whose parser reads an answer that starts with a JSON object as bare call objects.
+BARE_CALLS = frozenset({"hermes", "llama3_json"})
 
 MARKUPS: dict[str, CallMarkup] = {
-    "hermes": CallMarkup("", "<tool_call>", "</tool_call>", "\n", "", "arguments", "<tool_call>"),
+    "hermes": CallMarkup("", "<tool_call>", "</tool_call>", "\n", "", "arguments", "<tool_call>", "```json"),
     "llama3_json": CallMarkup("", "", "", "; ", "", "parameters", "<|python_tag|>"),
     "mistral": CallMarkup("[TOOL_CALLS][", "", "", ", ", "]", "arguments", "[TOOL_CALLS]"),
 }
@@ -136,19 +143,39 @@ class Grammar:
 
     text: str
     enforces: str
+    loose: tuple[str, ...] = ()  # tools whose schema the converter could not take: any JSON object
 
 
-def _closed(schema: Any) -> Any:
-    """The schema with every object that lists properties closed to further keys.
+_ANNOTATIONS = frozenset({"description", "title", "examples", "default", "$comment", "deprecated", "readOnly",
+                          "writeOnly", "$schema", "$id"})
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})  # name -> schema
+_LISTED = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_NESTED = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else",
+                     "additionalItems", "unevaluatedProperties"})
+LONGEST_BOUND = 4096  # a maxLength above this is dropped: no answer reaches it, and its grammar is megabytes
 
-    Narrowing only: whatever the grammar admits still validates against the original schema, and a
-    small model cannot wander off into invented keys.
-    """
-    if isinstance(schema, list):
-        return [_closed(item) for item in schema]
+
+def _for_grammar(schema: Any) -> Any:
+    """The schema as the converter should read it: annotations dropped (a property given only a
+    description, "any value" to JSON Schema, is one the converter refuses), every object that lists
+    properties closed to further keys, and a maxLength no answer reaches left out (Claude Code's
+    Workflow script allows 524,288 characters: four megabytes of grammar). Structural, so a
+    property named "description" stays. Narrowing but for that bound: whatever the grammar admits
+    validates against the original schema, and a small model cannot wander off into invented keys."""
     if not isinstance(schema, dict):
         return schema
-    out = {key: _closed(value) for key, value in schema.items()}
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATIONS or (key == "maxLength" and isinstance(value, int) and value > LONGEST_BOUND):
+            continue
+        if key in _NAMED and isinstance(value, dict):
+            out[key] = {name: _for_grammar(sub) for name, sub in value.items()}
+        elif key in _LISTED and isinstance(value, list):
+            out[key] = [_for_grammar(sub) for sub in value]
+        elif key in _NESTED:
+            out[key] = _for_grammar(value)
+        else:
+            out[key] = value
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
@@ -159,28 +186,60 @@ def _schema_rules(schema: Mapping[str, Any], prefix: str, param: str) -> tuple[s
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        text = json_schema_to_gbnf(json.dumps(_closed(copy.deepcopy(dict(schema)))))
+        text = json_schema_to_gbnf(json.dumps(_for_grammar(copy.deepcopy(dict(schema)))))
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConstraintError(f"cannot enforce the JSON schema of {param}: {exc}", param) from None
     return namespaced(text, prefix)
 
 
-def _call_rules(tools: Sequence[ToolSpec], markup: CallMarkup) -> Rules:
-    """Rule `call`: one call of any of `tools`, in the family's markup, arguments per schema."""
+def _call_rules(tools: Sequence[ToolSpec], markup: CallMarkup, loose: list[str] | None = None) -> Rules:
+    """Rules `callobj` (one call object of any of `tools`, arguments per schema) and `call` (one in
+    the family's markup). With `loose`, a schema the converter cannot take gives any JSON object
+    (the tool named in `loose`) instead of a ConstraintError."""
     rules: Rules = {}
     alternatives = []
     for index, tool in enumerate(tools):
         schema = tool.parameters or {"type": "object"}
-        args, arg_rules = _schema_rules(schema, f"tool{index}", f"tools[{index}].parameters")
+        try:
+            args, arg_rules = _schema_rules(schema, f"tool{index}", f"tools[{index}].parameters")
+        except ConstraintError:
+            if loose is None:
+                raise
+            loose.append(tool.name)
+            args, arg_rules = _schema_rules({"type": "object"}, f"tool{index}", f"tools[{index}].parameters")
         head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{markup.arguments_key}": '
-        parts = [literal(markup.call_open)] if markup.call_open else []
-        parts += [literal(head), args, literal("}")]
-        parts += [literal(markup.call_close)] if markup.call_close else []
-        rules[f"call-{index}"] = " ".join(parts)
-        alternatives.append(f"call-{index}")
+        rules[f"callobj-{index}"] = " ".join([literal(head), args, literal("}")])
+        alternatives.append(f"callobj-{index}")
         rules.update(arg_rules)
-    rules["call"] = " | ".join(alternatives)
+    rules["callobj"] = " | ".join(alternatives)
+    parts = [literal(markup.call_open)] if markup.call_open else []
+    parts.append("callobj")
+    parts += [literal(markup.call_close)] if markup.call_close else []
+    rules["call"] = " ".join(parts)
+    if markup.fence:  # the fenced form the parser reads too: shaped the same
+        rules["call"] += f" | {literal(markup.fence)} {_WS} callobj ( {_SEP} callobj )* {_WS} {literal(FENCE_CLOSE)}"
     return rules
+
+
+def _markers(markup: CallMarkup) -> list[str]:
+    """What opens a call anywhere in the answer: the prose never spells one of these out."""
+    return [markup.marker, *([markup.fence] if markup.fence else [])]
+
+
+def _opening_rules(markup: CallMarkup) -> Rules:
+    """Rule `opening`: free text that never opens a call and does not start with `{` (a parser
+    reads an answer that starts with a JSON object as a bare call: that one is shaped by `bare`).
+    Rule `bare`: calls written as bare JSON at the start, as Qwen and Llama 3 also do."""
+    automaton = MarkerAutomaton(_markers(markup))
+    firsts = sorted({m[0] for m in automaton.markers})
+    start = negated_class({"{", " ", "\t", "\n", "\r", *firsts})
+    by_first = " | ".join(f"{literal(ch)} {automaton.rule('prose', automaton.step('', ch) or '')}" for ch in firsts)
+    return {"opening": f"{_WS} ( {start} prose-0 | {by_first} )?",
+            "bare": f"{_WS} callobj ( {_SEP} callobj )*", "bare-one": f"{_WS} callobj"}
+
+
+_WS = r"[ \t\n\r]*"
+_SEP = f"{_WS} [,;]? {_WS}"  # between call objects, as the parser reads them
 
 
 def _calls_body(markup: CallMarkup, many: bool) -> str:
@@ -200,6 +259,10 @@ def grammar_for(constraint: OutputConstraint, tools: Sequence[ToolSpec], tool_fo
     - a response_format: the answer is JSON valid against the schema (or, under "auto" with
       tools, alternatively tool calls).
     - auto with parallel_tool_calls=false: prose, then at most one call.
+    - auto (what agents send): free text until the answer opens the family's call markup, then
+      only calls of offered tools with schema-valid arguments, closed as the parser expects; prose
+      between calls where each call opens with the marker. A schema the converter cannot take
+      gives that tool any JSON object (`Grammar.loose`) rather than failing the request.
     """
     markup = MARKUPS.get(tool_format)
     if markup is None:
@@ -229,12 +292,20 @@ def grammar_for(constraint: OutputConstraint, tools: Sequence[ToolSpec], tool_fo
         rules["root"] = "prose"
         rules.update(text_without(markup.marker, "prose"))
         return Grammar(rules_text(rules), f"text that never opens a tool call ({markup.marker})")
+    # After prose a call must open with the marker (Llama 3 reads bare JSON only at the start).
+    opens = (markup.block_open or markup.call_open).startswith(markup.marker)
+    lead = "" if opens else literal(markup.marker) + " "
+    reads_bare = tool_format in BARE_CALLS
+    loose: list[str] = []
+    rules.update(text_without(_markers(markup), "prose"))
+    rules.update(_call_rules(tools, markup, loose))
+    rules.update(_opening_rules(markup))
     if not constraint.parallel_tool_calls:
-        # After prose a call must open with the marker (Llama 3 reads bare JSON only at the start).
-        opens = (markup.block_open or markup.call_open).startswith(markup.marker)
-        lead = "" if opens else literal(markup.marker) + " "
-        rules["root"] = f"prose ( {lead}{_calls_body(markup, many=False)} )?"
-        rules.update(text_without(markup.marker, "prose"))
-        rules.update(_call_rules(tools, markup))
-        return Grammar(rules_text(rules), "text, then at most one tool call")
-    return None
+        rules["root"] = f"{'bare-one | ' if reads_bare else ''}opening ( {lead}{_calls_body(markup, many=False)} )?"
+        return Grammar(rules_text(rules), "text, then at most one tool call", tuple(loose))
+    if markup.call_open.startswith(markup.marker):  # each call opens with the marker: prose may come between
+        rules["root"] = f"( {'bare prose | ' if reads_bare else ''}opening ) ( call prose )*"
+    else:
+        rules["root"] = f"{'bare | ' if reads_bare else ''}opening ( {lead}{_calls_body(markup, many=True)} prose )?"
+    return Grammar(rules_text(rules), "text, and tool calls only of offered tools with valid arguments",
+                   tuple(loose))

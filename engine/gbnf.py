@@ -9,6 +9,7 @@ contains a given marker.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 __all__ = ["Rules", "literal", "namespaced", "rules_text", "text_without"]
 
@@ -37,7 +38,7 @@ def literal(text: str) -> str:
     return '"' + "".join(_char(ch, in_class=False) for ch in text) + '"'
 
 
-def _negated_class(chars: set[str]) -> str:
+def negated_class(chars: set[str]) -> str:
     return "[^" + "".join(_char(ch, in_class=True) for ch in sorted(chars)) + "]"
 
 
@@ -94,34 +95,47 @@ def namespaced(grammar: str, prefix: str) -> tuple[str, Rules]:
     return rename["root"], renamed
 
 
-def _kmp_step(marker: str, state: int, ch: str) -> int:
-    """After reading `ch` with the first `state` characters of `marker` matched: how many match now."""
-    while True:
-        if marker[state] == ch:
-            return state + 1
-        if state == 0:
-            return 0
-        # Longest proper border of marker[:state] (tiny markers: quadratic is fine).
-        state = next(k for k in range(state - 1, -1, -1) if marker[:k] == marker[state - k : state])
+class MarkerAutomaton:
+    """Aho-Corasick over a few markers: a state is the longest end of the text so far that begins a
+    marker. States are numbered by that prefix, shortest first (one marker: state i = its first i
+    characters), so grammar rules can name them."""
+
+    def __init__(self, markers: Sequence[str]) -> None:
+        if not markers or not all(markers):
+            raise ValueError("empty marker")
+        self.markers = tuple(markers)
+        prefixes = {m[:i] for m in markers for i in range(len(m))}
+        self.states = sorted(prefixes, key=lambda p: (len(p), p))
+        self.alphabet = sorted({ch for m in markers for ch in m})
+
+    def step(self, state: str, ch: str) -> str | None:
+        """The state after `ch`, or None when the text would then contain a marker."""
+        text = state + ch
+        if any(text.endswith(m) for m in self.markers):
+            return None
+        while text not in self.states:
+            text = text[1:]
+        return text
+
+    def rule(self, name: str, state: str) -> str:
+        return f"{name}-{self.states.index(state)}"
 
 
-def text_without(marker: str, name: str) -> Rules:
-    """Rules for any text (empty included) that never contains `marker`.
+def text_without(marker: str | Sequence[str], name: str) -> Rules:
+    """Rules for any text (empty included) that never contains `marker` (or any of several).
 
-    A Knuth-Morris-Pratt automaton written as grammar rules: rule `name-i` means "the text so far
-    ends with the first i characters of the marker". A character that would complete the marker
-    has no transition, so no tokenization of the output can ever spell it out.
+    The automaton written as grammar rules: rule `name-i` means "the text so far ends with state i's
+    prefix of a marker". A character that would complete a marker has no transition, so no
+    tokenization of the output can ever spell it out.
     """
-    if not marker:
-        raise ValueError("empty marker")
+    automaton = MarkerAutomaton([marker] if isinstance(marker, str) else marker)
     rules: Rules = {}
-    for state in range(len(marker)):
-        moves = {ch: _kmp_step(marker, state, ch) for ch in set(marker)}
-        progress = {ch: nxt for ch, nxt in moves.items() if nxt > 0}  # every other character: back to 0
-        alternatives = [f"{_negated_class(set(progress))} {name}-0"]
-        for ch, nxt in sorted(progress.items()):
-            if nxt < len(marker):
-                alternatives.append(f"{literal(ch)} {name}-{nxt}")
-        rules[f"{name}-{state}"] = "( " + " | ".join(alternatives) + " )?"
+    for state in automaton.states:
+        moves = {ch: automaton.step(state, ch) for ch in automaton.alphabet}
+        alternatives = [f"{negated_class(set(automaton.alphabet))} {name}-0"]
+        for ch, nxt in moves.items():
+            if nxt is not None:
+                alternatives.append(f"{literal(ch)} {automaton.rule(name, nxt)}")
+        rules[automaton.rule(name, state)] = "( " + " | ".join(alternatives) + " )?"
     rules[name] = f"{name}-0"
     return rules

@@ -21,16 +21,17 @@ LLAMA_CPP_RELEASE = (0, 3, 36)
 
 
 def unsupported_llama_cpp(version: str) -> str | None:
-    """Why an installed llama-cpp-python release cannot serve (None when it can): the same 0.3
-    series, at least the release the engine was written against (`~=0.3.36`)."""
+    """Why an installed llama-cpp-python release cannot serve (None when it can): exactly the release
+    the engine was written against (a local build's suffix, `+cu124`, aside). The engines use its
+    internals (`Llama._ctx`, `_init_sampler` and its sampler defaults), which a patch release may move."""
     try:
         parts = tuple(int(p) for p in version.split("+")[0].split(".")[:3])
     except ValueError:
         return f"llama-cpp-python {version!r} is not a release number"
-    if parts[:2] != LLAMA_CPP_RELEASE[:2] or parts < LLAMA_CPP_RELEASE:
+    if parts != LLAMA_CPP_RELEASE:
         wanted = ".".join(map(str, LLAMA_CPP_RELEASE))
-        return (f"llama-cpp-python {version} is installed; the engine uses internals of ~={wanted} "
-                f"(pip install 'llama-cpp-python~={wanted}', or `make clean install`)")
+        return (f"llama-cpp-python {version} is installed; the engine uses internals of =={wanted} "
+                f"(pip install 'llama-cpp-python=={wanted}', or `make clean install`)")
     return None
 
 

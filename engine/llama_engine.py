@@ -14,7 +14,7 @@ import codecs
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,25 +27,28 @@ from engine.base import (
     PrefillDone,
     PreparedPrompt,
     PromptRejected,
+    CheckpointTier,
     SavedState,
     StateTier,
 )
 from engine.chat_templates import ChatTemplate, ChatTemplateError, select_template
-from engine.constraints import ConstraintError, Grammar, OutputConstraint, grammar_for
+from engine.constraints import Grammar, OutputConstraint
+from engine.grammar_cache import GrammarCache
 from engine.grammar_sampler import GrammarSampler
-from engine.llama_jobs import Job, RawDone, RawError, RawText
 from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
+from engine.llama_jobs import Job, RawDone, RawError, RawText
+from engine.llama_relay import relay
 from engine.loop_guard import LoopGuard
-from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from engine.prefix_checkpoints import CheckpointOptions, PrefixCheckpoints, StartPoint, SystemMarks
 from engine.seq_state import restore_sequence, save_sequence
 from engine.stops import StopMatcher
-from engine.tool_parsers import ToolCallStream, parser_for
-from policies.conversation_types import Finished, Message, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta, ToolSpec, Usage
+from policies.conversation_types import Message, SamplingParams, ToolSpec
 from policies.roles import alternate_roles
 
 log = logging.getLogger("pflash.engine")
 
 _KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids
+PERSIST_AFTER_S = 1.0  # idle this long after a turn, the session's state is written to disk
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class LlamaOptions:
     seed: int = 0
     queue_size: int = 16
     repeated_line_stop: int = 0  # an answer repeating one line this many times ends (0: never)
+    checkpoints: CheckpointOptions = CheckpointOptions()
+    persist_idle: bool = True  # when idle after a turn, its session's state goes to disk (crash resume)
 
 
 class LlamaEngine:
@@ -100,6 +105,7 @@ class LlamaEngine:
             log.warning(AMX_WARNING)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self.template: ChatTemplate = select_template(self._llm.metadata, options.chat_template)
+        self._grammars = GrammarCache(llama_cpp, self._vocab, self.template.tool_format)
         arch = self._llm.metadata.get("general.architecture", "")
         window = int(self._llm.metadata.get(f"{arch}.attention.sliding_window", "0") or 0)
         # With a small sliding-window cache, rolling the cache back further than the retained
@@ -116,11 +122,15 @@ class LlamaEngine:
         self._jobs: set[Job] = set()  # queued or running: what a shutdown cancels
         self._closing = False
         self._current: str | None = None  # session whose KV the context holds
+        self._persisted: tuple[str | None, int] = (None, 0)  # the context's state last written to disk
         self._counters: dict[str, float] = {
             "prefill_tokens_evaluated": 0, "prefill_tokens_reused": 0, "restore_failures": 0,
             "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0, "prefix_reuse_refused": 0,
-            "prefills_cancelled": 0, "states_kept_after_failure": 0, "repetition_stops": 0,
+            "prefills_cancelled": 0, "states_kept_after_failure": 0, "repetition_stops": 0, "states_persisted": 0,
         }
+        self._prefix = PrefixCheckpoints(llama_cpp, options.checkpoints, self._counters)
+        self._marks = SystemMarks(lambda head, tools: self.template.render(head, tools, add_generation_prompt=False),
+                                  self.tokenize)
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
                  self.template.sha256[:12])
 
@@ -131,6 +141,9 @@ class LlamaEngine:
     def attach_tier(self, tier: StateTier) -> None:
         """The session registry needs our fingerprint to open its store, so it arrives late."""
         self._tier = tier
+
+    def attach_checkpoints(self, tier: CheckpointTier) -> None:
+        self._prefix.tier = tier
 
     def prefetch(self, session_id: str) -> None:
         # Read off the worker thread without its lock: a stale `_current` costs at worst one
@@ -170,30 +183,24 @@ class LlamaEngine:
         text = await asyncio.to_thread(self.render, messages, tools)
         grammar = await asyncio.to_thread(self._grammar, constraint, tools)
         tokens = await asyncio.to_thread(self.tokenize, text)
-        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens), constraint, grammar)
+        marks = await asyncio.to_thread(self._marks.marks, messages, tools, tokens)
+        return PreparedPrompt(tuple(messages), tuple(tools), len(tokens), text, tuple(tokens), constraint, grammar,
+                              marks)
 
     def _grammar(self, constraint: OutputConstraint, tools: Sequence[ToolSpec]) -> Grammar | None:
-        """The constraint's grammar, checked by llama.cpp's own parser (a failure is the client's 400)."""
-        grammar = grammar_for(constraint, tools, self.template.tool_format)
-        if grammar is None:
-            return None
-        sampler = self._lib.llama_sampler_init_grammar(self._vocab, grammar.text.encode("utf-8"), b"root")
-        if not sampler:  # NULL: llama.cpp could not parse it (e.g. a schema pattern it cannot express)
-            param = "response_format" if constraint.response_format else "tools"
-            raise ConstraintError("llama.cpp cannot compile the grammar for this output constraint", param)
-        self._lib.llama_sampler_free(sampler)
-        return grammar
+        return self._grammars.get(constraint, tools)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         return None
 
     def cancel_all(self) -> int:
-        """Shutdown: refuse new turns and stop every queued or running one at its next token (or
-        prefill batch); their clients get what was generated so far. Returns how many."""
+        """Shutdown: stop every queued or running turn at its next token (or prefill batch); their
+        clients get the busy error or an error event, never a finished answer. How many."""
         self._closing = True
         jobs = list(self._jobs)
         for job in jobs:
+            job.shutdown = True  # set first: the worker reads it once it sees the cancel
             job.cancelled.set()
         return len(jobs)
 
@@ -202,6 +209,14 @@ class LlamaEngine:
         self._closing = True
         await asyncio.get_running_loop().run_in_executor(self._executor, self._stash_current)
         self._executor.shutdown(wait=True)
+
+    async def forget(self, session_id: str) -> None:
+        """A deleted session: drop the KV the context holds for it (after its turn in flight)."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._forget, session_id)
+
+    def _forget(self, session_id: str) -> None:
+        if self._current == session_id:
+            self._reset_context()
 
     def stats(self) -> dict[str, float]:
         return {**self._counters, "queue_depth": self._pending}
@@ -222,64 +237,30 @@ class LlamaEngine:
         grammar = prompt.grammar.text if prompt.grammar else None
         if prompt.grammar:
             log.info("session %s: output constrained to %s", session_id[:12], prompt.grammar.enforces)
-        job = Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar)
+        job = Job(session_id, prompt.tokens, params, max_new, asyncio.get_running_loop(), grammar,
+                  prompt.checkpoint_marks)
         self._pending += 1
         self._jobs.add(job)
         self._submit(job)
-        return self._relay(job, prompt)
+        return relay(job, prompt, self.template.tool_format)
 
     def _submit(self, job: Job) -> None:
         future = job.loop.run_in_executor(self._executor, self._run, job)
         future.add_done_callback(lambda _f: self._job_done(job))
 
-    async def _relay(self, job: Job, prompt: PreparedPrompt) -> AsyncIterator[EngineEvent]:
-        tool_stream = ToolCallStream(parser_for(self.template.tool_format)) if prompt.parses_tool_calls else None
-        # parallel_tool_calls=false: the grammar already allows one call; this also covers output
-        # it cannot shape (Llama 3's bare JSON calls in prose).
-        single_call = not prompt.constraint.parallel_tool_calls
-        # Reasoning markup comes out first; only the answer text is searched for tool calls.
-        reasoning = ReasoningSplitter(prompt_opens_reasoning(prompt.text or ""))
-
-        def allowed(events: Iterable[EngineEvent]) -> Iterator[EngineEvent]:
-            return (e for e in events if not (single_call and isinstance(e, ToolCallDelta) and e.index > 0))
-
-        def answer(events: list[ReasoningDelta | TextDelta]) -> Iterator[EngineEvent]:
-            for event in events:
-                if isinstance(event, ReasoningDelta) or tool_stream is None:
-                    yield event
-                else:
-                    yield from allowed(tool_stream.feed(event.text))
-
-        cached = 0
-        try:
-            while True:
-                raw = await job.events.get()
-                if isinstance(raw, PrefillDone):
-                    cached = raw.cached_tokens
-                    yield raw
-                elif isinstance(raw, RawText):
-                    for event in answer(reasoning.feed(raw.text)):
-                        yield event
-                elif isinstance(raw, RawError):
-                    raise raw.error
-                elif isinstance(raw, RawDone):
-                    for event in answer(reasoning.finish()):
-                        yield event
-                    has_calls = False
-                    if tool_stream:
-                        for event in allowed(tool_stream.finish()):
-                            yield event
-                        has_calls = tool_stream.has_tool_calls
-                    reason = "tool_calls" if has_calls else ("length" if raw.finish_reason == "length" else "stop")
-                    usage = Usage(prompt.n_tokens, raw.completion_tokens, cached)
-                    yield Finished(reason, usage, raw.stop_sequence)  # type: ignore[arg-type]
-                    return
-        finally:
-            job.cancelled.set()  # a client that went away stops the worker at the next token
-
     def _job_done(self, job: Job) -> None:
         self._pending -= 1
         self._jobs.discard(job)
+        if self._pending == 0 and self._opts.persist_idle and not self._closing:
+            job.loop.call_later(PERSIST_AFTER_S, self._persist_if_idle)
+
+    def _persist_if_idle(self) -> None:
+        """Still idle a while after a turn: the session's state goes to disk (crash resume)."""
+        if self._pending == 0 and not self._closing:
+            try:
+                self._executor.submit(self._persist_current)
+            except RuntimeError:  # shut down meanwhile: close() hands the state over itself
+                pass
 
     # --- worker thread ---------------------------------------------------------------------------
     def _run(self, job: Job) -> None:
@@ -307,12 +288,14 @@ class LlamaEngine:
 
     def _generate(self, job: Job, previous: list[SavedState]) -> None:
         llm = self._llm
-        restored_from = self._switch_to(job.session_id, previous)
         tokens = list(job.tokens)
-        reuse = min(self._reusable_prefix(llm.input_ids[: llm.n_tokens], tokens), len(tokens) - 1)  # the last token yields logits
+        start = self._start_point(tokens, self._switch_to(job.session_id, previous))
+        reuse = start.reuse
         llm.n_tokens = reuse
+        marks = self._prefix.positions(tokens, reuse, job.marks)
         started = time.perf_counter()
-        for at in range(reuse, len(tokens), self._opts.n_batch):
+        at = reuse
+        while at < len(tokens):
             if job.cancelled.is_set():
                 # The context holds the restored state plus whole batches of this prompt: exact,
                 # so it stays, and a retry of the turn prefills only what was not reached.
@@ -323,12 +306,16 @@ class LlamaEngine:
                          job.session_id[:12], at, len(tokens))
                 job.emit(RawDone("cancelled", 0, None))
                 return
-            llm.eval(tokens[at : at + self._opts.n_batch])
+            end = min(at + self._opts.n_batch, next((m for m in marks if m > at), len(tokens)))
+            llm.eval(tokens[at:end])
+            at = end
+            if at in marks:
+                self._prefix.save(llm._ctx.ctx, 0, tokens[:at], job.marks, len(tokens), job.session_id)
         previous.clear()
         self._counters["prefill_tokens_evaluated"] += len(tokens) - reuse
         self._counters["prefill_tokens_reused"] += reuse
         log.debug("prefill %d tokens (%d reused) in %.3fs", len(tokens) - reuse, reuse, time.perf_counter() - started)
-        job.emit(PrefillDone(len(tokens), reuse, restored_from))
+        job.emit(PrefillDone(len(tokens), reuse, start.restored_from, start.checkpoint_tokens))
 
         llm.set_seed(job.params.seed if job.params.seed is not None else self._opts.seed)
         sampler = llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
@@ -372,6 +359,19 @@ class LlamaEngine:
         self._counters["completion_tokens"] += produced
         job.emit(RawDone(finish, produced, stops.hit))
 
+    def _start_point(self, tokens: list[int], restored_from: str) -> StartPoint:
+        """The session's own state, or a longer shared checkpoint of the prompt's prefix."""
+        llm = self._llm
+        reuse = min(self._reusable_prefix(llm.input_ids[: llm.n_tokens], tokens), len(tokens) - 1)  # the last token yields logits
+        return self._prefix.start(tokens, reuse, restored_from, self._restore)
+
+    def _persist_current(self) -> None:
+        current = (self._current, self._llm.n_tokens)
+        if self._tier is not None and current[0] is not None and current[1] > 0 and current != self._persisted:
+            self._tier.persist(current[0], self._save_state())
+            self._persisted = current
+            self._counters["states_persisted"] += 1
+
     def _reusable_prefix(self, cached: Sequence[int], tokens: Sequence[int]) -> int:
         """How much of `cached` (what a sequence's KV covers) the prompt `tokens` may keep."""
         limit = min(len(cached), len(tokens))
@@ -389,11 +389,12 @@ class LlamaEngine:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token) or self._lib.llama_vocab_is_control(self._vocab, token))
 
     def _ends_repeating(self, guard: LoopGuard, text: str, session_id: str) -> bool:
-        """One line over and over: the answer is done (engine/loop_guard.py); counted and logged."""
+        """A loop (engine/loop_guard.py): the answer is done; counted by rule and logged."""
         if not guard.feed(text):
             return False
         self._counters["repetition_stops"] += 1
-        log.info("session %s: answer ended after one line repeated %d times", session_id[:12], guard.limit)
+        self._counters[f"repetition_stops_{guard.reason}"] = self._counters.get(f"repetition_stops_{guard.reason}", 0) + 1
+        log.info("session %s: answer ended in a loop (%s rule, %d repeats)", session_id[:12], guard.reason, guard.limit)
         return True
 
     def _switch_to(self, session_id: str, previous: list[SavedState]) -> str:

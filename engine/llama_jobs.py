@@ -20,8 +20,10 @@ class Job:
     max_new: int
     loop: asyncio.AbstractEventLoop
     grammar: str | None = None  # GBNF every sampled token must fit
+    marks: tuple[int, ...] = ()  # where the prompt's system prompt and tools end (checkpoint marks)
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    shutdown: bool = False  # cancelled because the server stops: the client is told to retry
 
     def emit(self, event: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ import aiohttp
 from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillDone, PreparedPrompt
 from engine.constraints import OutputConstraint
 from engine.reasoning import ReasoningSplitter
+from engine.text_calls import TextCalls
+from engine.upstream_wire import is_overflow, rejection, sse_data
 from policies.conversation_types import (
     Finished,
     Message,
@@ -49,6 +50,10 @@ class UpstreamOptions:
     retries: int = 2
     n_ctx: int | None = None  # None: ask the upstream (/v1/models max_model_len, /props n_ctx)
     multimodal: bool = False  # images go on as image_url parts, not as their placeholders
+    # The session's stable key, for a router with session affinity (vLLM's router, llm-d): the
+    # replica that holds a session's prefix cache keeps getting its turns.
+    session_header: str | None = "X-Session-Id"
+    prompt_cache_key: bool = False  # also as OpenAI's `prompt_cache_key` (strict upstreams refuse it)
 
 
 def with_images(message: Message) -> str | list[dict[str, Any]]:
@@ -157,7 +162,7 @@ class UpstreamEngine:
         self.fingerprint = f"upstream|{self._base}|{self.model_id}"
         self._session: aiohttp.ClientSession | None = None
         self._counters: dict[str, float] = {"upstream_requests": 0, "upstream_errors": 0, "upstream_retries": 0,
-                                            "upstream_format_fallbacks": 0}
+                                            "upstream_format_fallbacks": 0, "upstream_text_calls": 0}
         log.info("upstream %s; line-level token counts from %s", self._base, tokenizer_name)
 
     def _headers(self) -> dict[str, str]:
@@ -263,6 +268,8 @@ class UpstreamEngine:
             "max_tokens": min(params.max_tokens or room, room),
             "user": session_id[:32],  # lets an upstream route a session to the same replica
         }
+        if self._opts.prompt_cache_key:
+            body["prompt_cache_key"] = session_id[:32]
         if params.stop:
             body["stop"] = list(params.stop)
         if params.seed is not None:
@@ -271,8 +278,9 @@ class UpstreamEngine:
             body["tools"] = to_openai_tools(prompt.tools)
         body.update(to_openai_constraint(prompt.constraint, bool(prompt.tools)))
         self._counters["upstream_requests"] += 1
+        headers = {self._opts.session_header: session_id[:32]} if self._opts.session_header else None
         try:
-            response = await self._post_with_retries(body)
+            response = await self._post_with_retries(body, headers)
         except EngineRejected as exc:
             fallback = schema_as_json_object(body)
             if fallback is None or exc.status == 400 and exc.code == "context_length_exceeded":
@@ -281,22 +289,24 @@ class UpstreamEngine:
             # answers the OpenAI json_schema shape with an error: the same schema, in its words.
             log.info("upstream refused response_format json_schema (%s); retrying as json_object with the schema", exc)
             self._counters["upstream_format_fallbacks"] += 1
-            response = await self._post_with_retries(fallback)
+            response = await self._post_with_retries(fallback, headers)
         calls: dict[int, dict[str, str]] = {}
         text_parts: list[str] = []
         reasoning = ReasoningSplitter()
+        # A call the upstream left in the text (its server did not read the model's markup) is still a call.
+        text_calls = TextCalls(t.name for t in prompt.tools) if prompt.parses_tool_calls else None
         usage: dict[str, Any] | None = None
         finish = "stop"
         started = False
         try:
-            async for data in _sse_data(response):
+            async for data in sse_data(response):
                 if not started:
                     started = True
                     yield PrefillDone(prompt.n_tokens, 0, "upstream")
                 if data.get("error"):
                     error = data["error"]
                     message = str(error.get("message") if isinstance(error, dict) else error)
-                    if _is_overflow(error):
+                    if is_overflow(error):
                         raise EngineRejected(400, message, "context_length_exceeded")
                     raise EngineRejected(502, f"upstream error mid-answer: {message}")
                 usage = data.get("usage") or usage
@@ -311,7 +321,9 @@ class UpstreamEngine:
                         for event in reasoning.feed(delta["content"]):
                             if isinstance(event, TextDelta):
                                 text_parts.append(event.text)
-                            yield event
+                                event = TextDelta(text_calls.feed(event.text)) if text_calls else event
+                            if not isinstance(event, TextDelta) or event.text:
+                                yield event
                     for call in delta.get("tool_calls") or []:
                         slot = calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
                         fn = call.get("function") or {}
@@ -325,7 +337,17 @@ class UpstreamEngine:
         for event in reasoning.finish():
             if isinstance(event, TextDelta):
                 text_parts.append(event.text)
-            yield event
+                event = TextDelta(text_calls.feed(event.text)) if text_calls else event
+            if not isinstance(event, TextDelta) or event.text:
+                yield event
+        if text_calls is not None:
+            rest, found = text_calls.finish() if not calls else (text_calls.flush(), [])
+            if found:
+                log.info("upstream wrote %d tool call(s) as text: read as calls", len(found))
+                calls = {i: {"id": "", "name": name, "arguments": args} for i, (name, args) in enumerate(found)}
+                self._counters["upstream_text_calls"] += 1
+            if rest:
+                yield TextDelta(rest)
         if not started:
             yield PrefillDone(prompt.n_tokens, 0, "upstream")
         for index in sorted(calls):
@@ -338,11 +360,11 @@ class UpstreamEngine:
         reason = "tool_calls" if calls else ("length" if finish == "length" else "stop")
         yield Finished(reason, Usage(prompt_tokens, completion_tokens, cached))  # type: ignore[arg-type]
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _post_with_retries(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
         delay = 0.25
         for attempt in range(self._opts.retries + 1):
             try:
-                response = await self.session.post(self._base + "/chat/completions", json=body)
+                response = await self.session.post(self._base + "/chat/completions", json=body, headers=headers)
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 # Retry connect errors only: a request the upstream saw must not be sent twice.
                 if attempt == self._opts.retries or not isinstance(exc, aiohttp.ClientConnectorError):
@@ -356,87 +378,9 @@ class UpstreamEngine:
                 text = await response.text()
                 response.release()
                 self._counters["upstream_errors"] += 1
-                raise _rejection(response.status, text)
+                raise rejection(response.status, text)
             return response
         raise EngineUnavailable(f"upstream {self._base} unreachable")
 
 
 # What servers call a prompt over the context: OpenAI's code, llama.cpp server's type.
-_OVERFLOW_CODES = {"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded"}
-# Only for an error that names no such code (vLLM's and SGLang's say it in words): the phrases
-# they use, never a bare "maximum" or "too long" ("maximum number of tools exceeded" is not one).
-_OVERFLOW_WORDS = re.compile(r"context (?:length|window|size)|maximum context|prompt is too long|"
-                             r"too many (?:input )?tokens|exceeds? (?:the )?(?:available )?context", re.I)
-
-
-def _is_overflow(error: object) -> bool:
-    """Whether an upstream error (its `error` object, or its text) says the prompt is over the
-    context: by its code or type first, by its wording only when it names no code."""
-    if isinstance(error, dict):
-        code, kind = error.get("code"), error.get("type")
-        if code in _OVERFLOW_CODES or kind in _OVERFLOW_CODES:
-            return True
-        if isinstance(code, str) and code:
-            return False  # a code of its own (OpenAI's are specific); a `type` is only a class of error
-        error = error.get("message") or ""
-    return bool(_OVERFLOW_WORDS.search(str(error)))
-
-
-def _rejection(status: int, text: str) -> EngineRejected:
-    error: object = {}
-    try:
-        error = json.loads(text).get("error") or {}
-        message = error.get("message") if isinstance(error, dict) else str(error)
-    except (ValueError, AttributeError):
-        message = text[:500]
-    message = message or f"upstream answered {status}"
-    if status in (400, 413) and _is_overflow(error if isinstance(error, dict) and error else message):
-        return EngineRejected(400, message, "context_length_exceeded")
-    if status in (401, 403):
-        # The gateway's own credentials or configuration, not the client's request.
-        return EngineRejected(502, f"the upstream refused the gateway's credentials (HTTP {status}: {message}); "
-                                   "check the upstream API key")
-    if status == 404:
-        return EngineRejected(502, f"the upstream has no such endpoint or model (HTTP 404: {message}); "
-                                   "check the upstream URL and model name")
-    if 400 <= status < 500:
-        return EngineRejected(400 if status != 429 else 429, f"upstream rejected the request: {message}")
-    return EngineRejected(502, f"upstream error {status}: {message}")
-
-
-# One SSE line may carry a whole tool call's arguments (a file written in one go): far over
-# aiohttp's 128 KiB readline limit, so lines are split here with a generous cap of our own.
-MAX_SSE_LINE = 16 * 1024 * 1024
-
-
-async def _sse_lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    buffer = b""
-    try:
-        async for chunk in response.content.iter_any():
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                yield line
-            if len(buffer) > MAX_SSE_LINE:
-                raise EngineRejected(502, f"the upstream sent an SSE line over {MAX_SSE_LINE // (1024 * 1024)} MiB")
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise EngineRejected(502, f"the upstream stream broke mid-answer: {exc or type(exc).__name__}") from exc
-    if buffer:
-        yield buffer
-
-
-async def _sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an SSE stream's `data:` lines, until [DONE]."""
-    async for raw in _sse_lines(response):
-        line = raw.decode("utf-8", errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            yield data

@@ -88,10 +88,16 @@ async def get_session(request: web.Request) -> web.Response:
 async def delete_session(request: web.Request) -> web.Response:
     """A session and every conversation in it (or one branch, named by its own id)."""
     record = await _lookup(request)
-    registry = request.app[APP_STATE].registry
+    state = request.app[APP_STATE]
+    registry = state.registry
     branches = {b.session_id for root, bs in _sessions(registry, record.tenant) if root.session_id == record.session_id
                 for b in bs} | {e.branch_id for e in record.branch_entries()}
+    forget = getattr(state.engine, "forget", None)
     for session_id in [*(branches - {record.session_id}), record.session_id]:
+        if forget is not None:  # the KV the engine holds goes too: a new session under this key starts clean
+            await forget(session_id)
+        if state.checkpoints is not None:
+            state.checkpoints.forget_owner(session_id)
         await registry.delete(session_id)
     root = await registry.find(record.parent, record.tenant) if record.parent else None
     if root is not None:  # one branch: its session no longer lists it
@@ -147,8 +153,24 @@ def _overview(state: AppState) -> dict[str, Any]:
             "recalls": int(turns.get("recalls", 0)),
             "resumes_from_ram": int(engine.get("restores_ram", 0)),
             "resumes_from_disk": int(engine.get("restores_disk", 0)),
+            "checkpoint_hits": int(engine.get("checkpoint_hits", 0)),
+            "checkpoint_tokens_reused": int(engine.get("checkpoint_tokens_reused", 0)),
         },
+        "checkpoints": _checkpoints(state),
     }
+
+
+def _checkpoints(state: AppState) -> dict[str, Any] | None:
+    """Prefix checkpoints (tokens, hits, tier), newest first; None where the engine keeps none."""
+    store = state.checkpoints
+    if store is None:
+        return None
+    s = store.stats()
+    return {"ram": {"count": int(s["checkpoints_ram"]), "used_bytes": int(s["checkpoint_ram_bytes"]),
+                    "budget_bytes": state.settings.checkpoint_ram_mb * _MIB},
+            "disk": {"count": int(s["checkpoints_disk"]), "used_bytes": int(s["checkpoint_disk_bytes"]),
+                     "budget_bytes": state.settings.checkpoint_disk_mb * _MIB},
+            "list": store.listing()[:50]}
 
 
 def _public(info: SessionInfo, record: SessionRecord | None) -> dict[str, Any]:

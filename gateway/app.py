@@ -37,6 +37,7 @@ from gateway.scorer_factory import build_scorer
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
 from gateway.turns import TurnService
 from policies.conversation_types import Message
+from sessions.checkpoints import CheckpointStore
 from sessions.files import StoreLock
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
@@ -190,6 +191,9 @@ async def health(request: web.Request) -> web.Response:
     state = request.app.get(APP_STATE)
     if state is None or not state.ready:
         return web.json_response({"status": "loading"}, status=503)
+    healthy = getattr(state.engine, "healthy", None)
+    if healthy is not None and not healthy():
+        return web.json_response({"status": "engine scheduler stopped"}, status=503)
     return web.json_response({"status": "ok", "model": state.settings.model_name})
 
 
@@ -214,6 +218,11 @@ def open_sessions(settings: Settings, fingerprint: str) -> SessionRegistry:
     return SessionRegistry(store, settings.ram_budget_mb * 1024 * 1024, settings.record_sync, lock)
 
 
+def open_checkpoints(settings: Settings, fingerprint: str) -> CheckpointStore:
+    return CheckpointStore(settings.store_dir, fingerprint, settings.checkpoint_ram_mb * 1024 * 1024,
+                           settings.checkpoint_disk_mb * 1024 * 1024, settings.zstd_level)
+
+
 def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Application:
     app = web.Application(
         client_max_size=int(settings.max_body_mb * 1024 * 1024),
@@ -227,6 +236,10 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         attach = getattr(engine, "attach_tier", None)
         if attach is not None:
             attach(registry)
+        checkpoints = None
+        if (attach_checkpoints := getattr(engine, "attach_checkpoints", None)) is not None:
+            checkpoints = await asyncio.to_thread(open_checkpoints, settings, engine.fingerprint)
+            attach_checkpoints(checkpoints)
         compression = CompressionSettings(settings.threshold, settings.budget_curve, settings.min_segment,
                                           settings.max_segment, settings.request_tokens, settings.fallback_spread,
                                           settings.recall_theta, settings.recall_budget,
@@ -244,7 +257,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
             turns.counters["scorer_fallbacks"] = 1
         if choice.gate_fallback is not None:  # /metrics: the recall gate's encoder did not load
             turns.counters["gate_embedder_fallbacks"] = 1
-        state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency))
+        state = AppState(settings, engine, registry, turns, ConcurrencyLimiter(settings.per_key_concurrency),
+                         checkpoints)
         app[APP_STATE] = state
         await engine.start()
         if background is not None:
@@ -256,10 +270,17 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         state.ready = False
         if background is not None:
             await background.stop()  # a message not embedded by now keeps BM25 at the gate
-        await engine.close()  # the live session's KV goes to the RAM tier ...
-        await asyncio.to_thread(registry.flush)  # ... and everything changed to disk
-        await asyncio.to_thread(registry.close)
-        log.info("sessions flushed to %s", registry.store.dir)
+        try:
+            await engine.close()  # the live session's KV goes to the RAM tier ...
+        except Exception:  # whatever failed there, what the tiers hold still goes to disk
+            log.exception("engine shutdown failed; flushing the sessions anyway")
+        finally:
+            await asyncio.to_thread(registry.flush)  # ... and everything changed to disk
+            await asyncio.to_thread(registry.close)
+            log.info("sessions flushed to %s", registry.store.dir)
+            if checkpoints is not None:
+                await asyncio.to_thread(checkpoints.flush)
+                await asyncio.to_thread(checkpoints.close)
 
     async def stop_turns(app: web.Application) -> None:
         """SIGTERM: the listening socket is closed already; turns still running get a short grace

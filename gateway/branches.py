@@ -13,7 +13,14 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from policies.branches import BranchView, choose_branch, is_side_request, request_digests, shared_prefix
+from policies.branches import (
+    BranchView,
+    choose_branch,
+    continues_conversation,
+    is_side_request,
+    request_digests,
+    shared_prefix,
+)
 from policies.conversation_types import Conversation
 from sessions.identity import SessionIdentity, branch_hint
 from sessions.record import BranchEntry, SessionRecord
@@ -69,9 +76,10 @@ class BranchRouter:
         hint = branch_hint(conv.hints, identity.key)
         digests = request_digests(conv.tools, conv.messages)
         entries = root.branch_entries()
-        side = is_side_request(bool(conv.tools), conv.response_format is not None, any(e.tools for e in entries))
         views = [BranchView(e.branch_id, e.hint, e.side, self._planned.get(e.branch_id, e.digests), e.last_used,
                             self.busy(e.branch_id)) for e in entries]
+        side = (is_side_request(bool(conv.tools), conv.response_format is not None, any(e.tools for e in entries))
+                and not continues_conversation(digests, views))
         choice = choose_branch(digests, hint, side, views)
         # No await from the choice to _hold: a concurrent request of this session sees the branch busy.
         if choice.branch_id is None:
@@ -112,10 +120,11 @@ class BranchRouter:
         if root is None:
             return None
         entries = root.branch_entries()
-        side = is_side_request(bool(conv.tools), conv.response_format is not None, any(e.tools for e in entries))
+        digests = request_digests(conv.tools, conv.messages)
         views = [BranchView(e.branch_id, e.hint, e.side, e.digests, e.last_used, False) for e in entries]
-        choice = choose_branch(request_digests(conv.tools, conv.messages), branch_hint(conv.hints, identity.key),
-                               side, views)
+        side = (is_side_request(bool(conv.tools), conv.response_format is not None, any(e.tools for e in entries))
+                and not continues_conversation(digests, views))
+        choice = choose_branch(digests, branch_hint(conv.hints, identity.key), side, views)
         if choice.branch_id is None:
             return None
         return root if choice.branch_id == root.session_id else await self.registry.find(choice.branch_id, tenant)

@@ -88,8 +88,10 @@ class Settings(BaseSettings):
     seed: int = Field(0, description="Sampling seed used when the request gives none.")
     default_max_tokens: int = Field(1024, ge=1, description="Completion limit when a request gives none.")
     repeated_line_stop: int = Field(
-        32, ge=0, description="An answer that repeats one line this many times in a row ends there, as a stop "
-        "(a small model's loop would run to max_tokens while every other session waits); 0: never.",
+        32, ge=0, description="An answer that loops ends there, as a stop: one line repeated this many times in a "
+        "row, this many lines in a row echoing one of the 8 before (3/4 of their words shared), or a phrase looping "
+        "in one 2,000-character line (a small model's loop would run to max_tokens while every other session "
+        "waits); 0: never.",
     )
     max_tokens_limit: int | None = Field(
         None, ge=1, description="Most tokens one answer may have, whatever the request asks (Claude Code asks for "
@@ -106,6 +108,13 @@ class Settings(BaseSettings):
     upstream_multimodal: bool = Field(
         False, description="The upstream model reads images: send clients' images on as image_url parts "
         "instead of their text placeholders (tool results keep the placeholder: OpenAI tool messages are text).")
+    upstream_session_header: str | None = Field(
+        "X-Session-Id", description="Header carrying each session's stable key to the upstream, for a router with "
+        "session affinity (vLLM's router --routing-logic session, llm-d); empty: none.",
+    )
+    upstream_prompt_cache_key: bool = Field(
+        False, description="Also send the session key as OpenAI's prompt_cache_key (upstreams that read it).",
+    )
     tokenizer: str | None = Field(
         None, description="Token counting without a local target: a GGUF path (vocabulary only) or "
         "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the vocabulary of --model.",
@@ -118,7 +127,22 @@ class Settings(BaseSettings):
     zstd_level: int = Field(1, ge=1, le=19, description="zstd level for stored KV states.")
     record_sync: Literal["always", "batched", "off"] = Field(
         "batched", description="Session records written ahead of each response: 'always' (fsynced first), "
-        "'batched' (on disk at once, fsynced within a second) or 'off' (only on spill and shutdown).",
+        "'batched' (on disk at once, fsynced within a second) or 'off' (only with a KV state written: a spill, "
+        "an idle write, shutdown).",
+    )
+    checkpoint_ram_mb: int = Field(
+        1024, ge=0, description="Host-RAM budget for prefix checkpoints (KV states of prompt prefixes any session "
+        "may start from: the system prompt and tools every new session of an agent shares), MiB.",
+    )
+    checkpoint_disk_mb: int = Field(8192, ge=0, description="Disk budget for prefix checkpoints, MiB (0: RAM only).")
+    checkpoint_interval: int = Field(
+        8192, ge=0, description="A long cold prompt saves a prefix checkpoint every this many tokens (0: only where "
+        "the system prompt and tools end and at each prompt's end).",
+    )
+    checkpoint_min_tokens: int = Field(1024, ge=1, description="No prefix checkpoint shorter than this (tokens).")
+    persist_idle_states: bool = Field(
+        True, description="When the engine is idle after a turn, write the session's KV state to disk in the "
+        "background, so a kill or power cut costs no full prefill.",
     )
     shutdown_grace_seconds: float = Field(
         3.0, ge=0, description="On SIGTERM, seconds in-flight turns may still run before they are cancelled.",
@@ -206,6 +230,8 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.min_segment >= self.max_segment:
             raise ValueError("min_segment must be smaller than max_segment")
+        if self.sequences > self.n_batch:  # each step carries one token per answering sequence
+            raise ValueError(f"sequences ({self.sequences}) must not exceed n_batch ({self.n_batch})")
         if self.cache_type_v != "f16" and not self.flash_attn:
             raise ValueError("a quantized V cache (cache_type_v) needs flash_attn = true")
         if self.engine == "upstream" and not self.upstream_url:

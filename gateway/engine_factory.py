@@ -16,6 +16,7 @@ def build_engine(settings: Settings) -> Engine:
     if settings.engine == "upstream":
         return _build_upstream(settings)
     from engine.llama_engine import LlamaEngine, LlamaOptions
+    from engine.prefix_checkpoints import CheckpointOptions
 
     model_path = resolve_model(settings.model, settings.store_dir / "models")
     sha = model_sha256(model_path)  # an assembled embedded model: the sha256 stamped when it was verified
@@ -37,6 +38,8 @@ def build_engine(settings: Settings) -> Engine:
         seed=settings.seed,
         queue_size=settings.queue_size,
         repeated_line_stop=settings.repeated_line_stop,
+        checkpoints=CheckpointOptions(settings.checkpoint_interval, settings.checkpoint_min_tokens),
+        persist_idle=settings.persist_idle_states,
     )
     if settings.sequences > 1:
         from engine.batched_engine import BatchedLlamaEngine
@@ -74,5 +77,7 @@ def _build_upstream(settings: Settings) -> Engine:
         retries=settings.upstream_retries,
         n_ctx=settings.upstream_n_ctx,
         multimodal=settings.upstream_multimodal,
+        session_header=settings.upstream_session_header or None,
+        prompt_cache_key=settings.upstream_prompt_cache_key,
     )
     return UpstreamEngine(options, count, name)

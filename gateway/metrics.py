@@ -160,6 +160,7 @@ class StatsCollector(Collector):
         stats = snapshot(state)
         yield from _engine_metrics(stats)
         yield from _session_metrics(stats.sessions)
+        yield from _checkpoint_metrics(stats)
         yield from _turn_metrics(stats.turns, scorer_name(state))
 
 
@@ -181,8 +182,8 @@ class StatsSnapshot:
 def snapshot(state: AppState) -> StatsSnapshot:
     """Blocking (the registry's lock can be held by a store write): call it off the event loop."""
     stats = getattr(state.engine, "stats", None)
-    return StatsSnapshot(_numbers(stats() if callable(stats) else {}), _numbers(state.registry.stats()),
-                         _numbers(state.turns.stats()))
+    sessions = {**state.registry.stats(), **(state.checkpoints.stats() if state.checkpoints is not None else {})}
+    return StatsSnapshot(_numbers(stats() if callable(stats) else {}), _numbers(sessions), _numbers(state.turns.stats()))
 
 
 def _numbers(stats: Mapping[str, Any]) -> dict[str, float]:
@@ -207,8 +208,13 @@ def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
     if "completion_tokens" in engine:
         yield _counter("pflash_completion_tokens", "Tokens generated.", engine["completion_tokens"])
     if "repetition_stops" in engine:
-        yield _counter("pflash_repetition_stops", "Answers ended because they repeated one line "
-                       "(repeated_line_stop times in a row).", engine["repetition_stops"])
+        yield _counter("pflash_repetition_stops", "Answers ended because they looped (repeated_line_stop "
+                       "repeats), whatever the rule.", engine["repetition_stops"])
+        loops = _counter("pflash_loop_stops", "Answers ended in a loop, by rule: one line repeated (line), lines "
+                         "that vary a little (near), a phrase looping in one unbroken line (phrase).", labels=["rule"])
+        for rule in ("line", "near", "phrase"):
+            loops.add_metric([rule], engine.get(f"repetition_stops_{rule}", 0.0))
+        yield loops
     restores = _counter("pflash_kv_restores", "Session KV states restored into the context, by tier.", labels=["tier"])
     for tier in ("ram", "disk"):
         restores.add_metric([tier], engine.get(f"restores_{tier}", 0.0))
@@ -228,6 +234,38 @@ def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
         for event in ("requests", "errors", "retries", "format_fallbacks"):
             upstream.add_metric([event], engine.get(f"upstream_{event}", 0.0))
         yield upstream
+
+
+def _checkpoint_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
+    """Prefix checkpoints: what new sessions, sub-agents and side requests start from."""
+    engine, s = stats.engine, stats.sessions
+    if "checkpoint_hits" not in engine:
+        return
+    turns = _counter("pflash_checkpoint_turns", "Turns that started from a shared prefix checkpoint (hit), and "
+                     "turns that found nothing to reuse at all (miss: a cold prefill).", labels=["result"])
+    turns.add_metric(["hit"], engine["checkpoint_hits"])
+    turns.add_metric(["miss"], engine.get("checkpoint_misses", 0.0))
+    yield turns
+    yield _counter("pflash_checkpoint_tokens_reused", "Prompt tokens a prefix checkpoint spared a prefill.",
+                   engine.get("checkpoint_tokens_reused", 0.0))
+    yield _counter("pflash_checkpoints_saved", "Prefix checkpoints saved while prefilling.",
+                   engine.get("checkpoints_saved", 0.0))
+    yield _counter("pflash_states_persisted", "Session KV states written to disk while idle after a turn (crash "
+                   "resume).", engine.get("states_persisted", 0.0))
+    held = GaugeMetricFamily("pflash_checkpoints", "Prefix checkpoints held, by tier.", labels=["tier"])
+    size = GaugeMetricFamily("pflash_checkpoint_bytes", "Bytes of prefix checkpoints held, by tier.", labels=["tier"])
+    for tier in ("ram", "disk"):
+        held.add_metric([tier], s.get(f"checkpoints_{tier}", 0.0))
+        size.add_metric([tier], s.get(f"checkpoint_{tier}_bytes", 0.0))
+    yield held
+    yield size
+    evictions = _counter("pflash_checkpoint_evictions", "Prefix checkpoints leaving a tier for its budget (RAM: "
+                         "spilled to disk; disk: deleted), or replaced by the same session's newer prompt.",
+                         labels=["tier"])
+    evictions.add_metric(["ram"], s.get("checkpoint_evicted_ram", 0.0))
+    evictions.add_metric(["disk"], s.get("checkpoint_evicted_disk", 0.0))
+    evictions.add_metric(["superseded"], s.get("checkpoint_superseded", 0.0))
+    yield evictions
 
 
 def _session_metrics(s: dict[str, float]) -> Iterator[Metric]:

@@ -10,6 +10,7 @@ from engine.base import Engine
 from gateway.config import Settings
 from gateway.limits import ConcurrencyLimiter
 from gateway.turns import TurnService
+from sessions.checkpoints import CheckpointStore
 from sessions.registry import SessionRegistry
 
 
@@ -20,6 +21,7 @@ class AppState:
     registry: SessionRegistry
     turns: TurnService
     limiter: ConcurrencyLimiter
+    checkpoints: CheckpointStore | None = None  # prefix checkpoints (the in-process engine only)
     ready: bool = False
 
 

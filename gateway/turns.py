@@ -44,6 +44,7 @@ class Turn:
     compression: CompressionReport | None = None
     recall: RecallReport | None = None
     restored_from: str | None = None  # known once prefill is done (non-stream headers carry it)
+    checkpoint_tokens: int = 0  # of the cached tokens, those a shared prefix checkpoint brought
     started: float = field(default_factory=time.perf_counter)  # from prepare(): compression time counts
     first_output: float | None = None  # when the first text or tool-call event came
 
@@ -108,6 +109,14 @@ class TurnService:
         try:
             record = branch.record
             self.engine.prefetch(record.session_id)  # a resume's disk read overlaps tokenizing below
+            # Kept-line maps and recalls belong to their content: history that another branch of the
+            # session served compressed (this conversation before its tools changed, before its branch
+            # was dropped) is served the same here. A new message is cut for this turn's own request.
+            history = conv.messages[: max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=-1) + 1]
+            adopted = record.adopt(branch.root, {content_hash(m.content) for m in history},
+                                   {turn_key(i, m.content) for i, m in enumerate(history)})
+            if adopted:
+                self._count("shared_maps_adopted", adopted)
             served = self._served_history(conv.messages, record)
             sizes = await asyncio.to_thread(self._new_long_messages, conv.messages, COMPRESSIBLE_ROLES)  # once, off the loop
             candidate = self._compression_candidate(conv.messages, record, sizes)
@@ -282,7 +291,7 @@ class TurnService:
                 elif isinstance(event, ToolCallDelta):
                     calls.append(event.call)
                 elif isinstance(event, PrefillDone):
-                    turn.restored_from = event.restored_from
+                    turn.restored_from, turn.checkpoint_tokens = event.restored_from, event.checkpoint_tokens
                     self._count("prefill_tokens_reused", event.cached_tokens)
                     self._count("prefill_tokens_evaluated", event.prompt_tokens - event.cached_tokens)
                     self._check_reuse(turn, event)
@@ -323,6 +332,7 @@ class TurnService:
         sent = turn.conversation.messages  # kept maps go by content, recalled turns by position and content
         turn.record.forget_all_but({content_hash(m.content) for m in sent}
                                    | {turn_key(i, m.content) for i, m in enumerate(sent)})
+        turn.branch.root.publish(turn.record)  # for every conversation of the session
         served = [*turn.prompt.messages, Message("assistant", text, calls)]
         usage = finished.usage
         turn.record.note_served(
@@ -348,6 +358,7 @@ def turn_log_entry(turn: Turn, finished: Finished) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "ttft_ms": round((first - turn.started) * 1000, 1),
         "restored_from": turn.restored_from,
+        "checkpoint_tokens": turn.checkpoint_tokens,
         "finish": finished.finish_reason,
     }
     if turn.compression is not None:

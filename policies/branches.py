@@ -55,6 +55,17 @@ def shared_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     return n
 
 
+def carries_messages(request: Sequence[str], served: Sequence[str]) -> bool:
+    """Whether a request carries a branch's whole last request's messages (at least one), whatever
+    its tools: a follow-up without `tools`, or after the tool list changed, is that conversation's turn."""
+    return len(served) > 1 and tuple(request[1 : len(served)]) == tuple(served[1:])
+
+
+def continues_conversation(request: Sequence[str], branches: Sequence[BranchView]) -> bool:
+    """Whether the request continues one of the session's own (non-side) conversations."""
+    return any(not b.side and carries_messages(request, b.digests) for b in branches)
+
+
 def is_side_request(has_tools: bool, structured_output: bool, session_uses_tools: bool) -> bool:
     """A one-shot request beside the agent's own turns: no tools offered, and either a
     schema-shaped answer asked for (Claude Code's and Codex's title requests) or a session whose
@@ -87,9 +98,11 @@ def choose_branch(request: Sequence[str], hint: str, side: bool, branches: Seque
     Only branches of the same hint and the same side-ness are candidates. Among them:
     1. one whose last request this request extends, the longest such (then the most recent): its
        cache holds everything before the new messages, so the turn prefills only those; a busy one
-       is waited for (turns of one branch are serialised);
-    2. else an idle one sharing the longest leading part (an edited or rewound conversation: the
-       engine reuses what it safely can); for a hint, one sharing nothing too (the same agent);
+       is waited for (turns of one branch are serialised); then one whose messages it carries under
+       another tool list;
+    2. else an idle one sharing the longest leading part beyond the tool list (an edited or rewound
+       conversation: the engine reuses what it safely can; a side request: anything shared); for a
+       hint, one sharing nothing too (the same agent);
     3. else a new branch. A busy branch is never forked into: a parallel request gets its own.
     """
     candidates = [b for b in branches if b.hint == hint and b.side == side]
@@ -98,7 +111,17 @@ def choose_branch(request: Sequence[str], hint: str, side: bool, branches: Seque
     if extended:
         common, best = max(extended, key=lambda cb: (cb[0], cb[1].last_used))
         return BranchChoice(best.branch_id, common, True)
-    idle = [(common, b) for common, b in scored if not b.busy and (common > 0 or hint or not b.digests)]
+    # The same messages under another tool list (a follow-up without tools, a tool that connected
+    # late): the same conversation, though its prompt now renders differently from the start.
+    carried = [b for b in candidates if carries_messages(request, b.digests)]
+    if carried:
+        best = max(carried, key=lambda b: (len(b.digests), b.last_used))
+        return BranchChoice(best.branch_id, 0, False)
+    # Sharing only the tool list (digest 0) is no sign of one conversation: two conversations of one
+    # agent under one session key share it. Side requests are one-shots of a few kinds (a title, the
+    # classifier): any idle one of them that shares anything will do.
+    least = 0 if side else 1
+    idle = [(common, b) for common, b in scored if not b.busy and (common > least or hint or not b.digests)]
     if idle:
         common, best = max(idle, key=lambda cb: (cb[0], cb[1].last_used))
         return BranchChoice(best.branch_id, common, not best.digests)

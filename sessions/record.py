@@ -9,6 +9,7 @@ copy taken under that lock. The lock is only ever held for in-memory work, never
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,7 @@ from typing import Any
 from policies.kept_lines import KeptLineMap
 
 TURN_LOG_LIMIT = 100  # turns kept per session for the status page (oldest dropped first)
+SHARED_LIMIT = 256  # kept-line maps (and recalls) a session's pool holds, the least recently shared dropped
 
 
 @dataclass
@@ -89,7 +91,14 @@ class SessionRecord:
     kind: str = "main"
     hint: str = ""
     branches: dict[str, BranchEntry] = field(default_factory=dict)
-    branch_serial: int = 0  # how many branches the session ever opened: new ids never repeat
+    branch_serial: int = 0  # how many branches the session ever opened
+    # A root's session-wide pool: every kept-line map and recall any of its conversations made, by
+    # content (a map is a function of its message's content), so that a conversation that carries
+    # the same message (a new branch, a tool list that changed, a follow-up without tools) serves
+    # it exactly as it was served before, whichever branch the router chose.
+    shared_maps: dict[str, KeptLineMap] = field(default_factory=dict)
+    shared_labels: dict[str, str] = field(default_factory=dict)
+    shared_recalls: dict[str, RecallEntry] = field(default_factory=dict)
     # Bumped by every change a later turn depends on; the registry compares it with what it wrote.
     version: int = field(default=0, compare=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False, compare=False)
@@ -149,6 +158,50 @@ class SessionRecord:
             self.recall_log = [e for e in self.recall_log if e.turn_hash in history]
             self.version += 1
 
+    def publish(self, branch: SessionRecord) -> None:
+        """(On a root) Take a branch's kept-line maps and recalls into the session-wide pool."""
+        with branch._lock:
+            maps, labels, recalls = dict(branch.kept_maps), dict(branch.map_labels), list(branch.recall_log)
+        with self._lock:
+            changed = False
+            for key, kept in maps.items():
+                changed |= self.shared_maps.pop(key, None) != kept
+                self.shared_maps[key] = kept  # re-inserted: the most recently shared
+                self.shared_labels[key] = labels.get(key, "")
+            for entry in recalls:
+                changed |= self.shared_recalls.pop(entry.turn_hash, None) != entry
+                self.shared_recalls[entry.turn_hash] = entry
+            while len(self.shared_maps) > SHARED_LIMIT:
+                oldest = next(iter(self.shared_maps))
+                del self.shared_maps[oldest]
+                self.shared_labels.pop(oldest, None)
+            while len(self.shared_recalls) > SHARED_LIMIT:
+                del self.shared_recalls[next(iter(self.shared_recalls))]
+            if changed:
+                self.version += 1
+
+    def adopt(self, root: SessionRecord, contents: set[str], turns: set[str]) -> int:
+        """(On a branch) Take from the session's pool the maps of the messages (`contents`: content
+        hashes) and the recalls of the turns (`turns`: turn keys) this request carries and this
+        branch lacks; how many."""
+        with root._lock:
+            maps = {h: (root.shared_maps[h], root.shared_labels.get(h, "")) for h in contents if h in root.shared_maps}
+            recalls = [root.shared_recalls[k] for k in turns if k in root.shared_recalls]
+        with self._lock:
+            added = 0
+            for key, (kept, label) in maps.items():
+                if key not in self.kept_maps:
+                    self.kept_maps[key], self.map_labels[key] = kept, label
+                    added += 1
+            have = {e.turn_hash for e in self.recall_log}
+            for entry in recalls:
+                if entry.turn_hash not in have:
+                    self.recall_log.append(entry)
+                    added += 1
+            if added:
+                self.version += 1
+            return added
+
     def log_turn(self, entry: dict[str, Any]) -> None:
         with self._lock:
             self.turn_log.append(entry)
@@ -163,7 +216,10 @@ class SessionRecord:
                 branch_id = self.session_id
             else:
                 self.branch_serial += 1
-                branch_id = hashlib.sha256(f"{self.session_id}\x00branch\x00{self.branch_serial}".encode()).hexdigest()
+                # Random too: a root lost (a failed write) and made anew must not hand out an id
+                # whose old record and KV state are still stored.
+                salt = secrets.token_hex(8)
+                branch_id = hashlib.sha256(f"{self.session_id}\x00branch\x00{self.branch_serial}\x00{salt}".encode()).hexdigest()
             entry = BranchEntry(branch_id, kind, hint, tools)
             self.branches[branch_id] = entry
             self.version += 1
@@ -216,6 +272,7 @@ class SessionRecord:
             size += sum(len(e.rendered) + 64 * len(e.units) + 96 for e in self.recall_log)
             size += sum(16 * len(m.kept_ranges) for m in self.kept_maps.values())
             size += sum(160 + 40 * len(e.digests) for e in self.branches.values())
+            size += 200 * len(self.shared_maps) + sum(len(e.rendered) + 96 for e in self.shared_recalls.values())
             return size
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +297,9 @@ class SessionRecord:
                 "hint": self.hint,
                 "branches": [e.to_dict() for e in self.branches.values()],
                 "branch_serial": self.branch_serial,
+                "shared_maps": {h: m.to_dict() for h, m in self.shared_maps.items()},
+                "shared_labels": dict(self.shared_labels),
+                "shared_recalls": [e.to_dict() for e in self.shared_recalls.values()],
             }
 
     @classmethod
@@ -264,4 +324,7 @@ class SessionRecord:
             hint=str(data.get("hint", "")),
             branches={e.branch_id: e for e in map(BranchEntry.from_dict, data.get("branches", []))},
             branch_serial=int(data.get("branch_serial", 0)),
+            shared_maps={str(h): KeptLineMap.from_dict(m) for h, m in data.get("shared_maps", {}).items()},
+            shared_labels={str(k): str(v) for k, v in data.get("shared_labels", {}).items()},
+            shared_recalls={e.turn_hash: e for e in map(RecallEntry.from_dict, data.get("shared_recalls", []))},
         )

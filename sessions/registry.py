@@ -317,6 +317,13 @@ class SessionRegistry:
         for victim, victim_state in victims:  # written on the I/O thread; the worker goes on
             self._submit(self._spill, victim, victim_state)
 
+    def persist(self, session_id: str, state: SavedState) -> None:
+        """A copy of a resident state, written on the I/O thread: a kill then costs no full prefill."""
+        try:
+            self._submit(self._persist, session_id, state)
+        except RuntimeError:  # shutting down: the flush writes what the engine hands over
+            pass
+
     def _spill(self, session_id: str, state: SavedState) -> None:
         try:
             self._persist(session_id, state)

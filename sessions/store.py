@@ -20,25 +20,21 @@ The index is read from other threads through `index()`, a copy taken under its o
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import shutil
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgpack
 import zstandard
 
 from engine.base import SavedState
-from sessions import kv_codec
 from sessions.files import PendingSyncs, make_private_dirs, write_atomic
-from sessions.layout import CURRENT, FORMAT_VERSION, KV, KV_MAGIC, META, StoreCorrupt, fingerprint_dir, head_bytes, read_kv_header
+from sessions.kv_file import read_kv, read_kv_head, write_kv
+from sessions.layout import CURRENT, FORMAT_VERSION, KV, META, StoreCorrupt, fingerprint_dir
 from sessions.record import SessionRecord
 from sessions.state_buffers import StateBuffers
 
@@ -66,23 +62,6 @@ def _described(session: dict[str, Any]) -> tuple[str, str, str, str, float]:
     """What the index keeps of a record: tenant, parent, kind, hint, last used."""
     return (str(session["tenant"]), str(session.get("parent", "")), str(session.get("kind", "main")),
             str(session.get("hint", "")), float(session["last_used"]))
-
-
-def _map_file(path: Path) -> memoryview:
-    """A read-only view of a whole file: the resume path reads the raw plane straight from the page
-    cache instead of copying the file into a `bytes` first. Not MAP_POPULATE: CPython holds the
-    GIL through mmap(), so populating there would stall the event loop for the whole disk read.
-    The pages come in on first touch instead (the crc32 pass, which releases the GIL), after a
-    read-ahead hint."""
-    with path.open("rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            return memoryview(b"")
-        # Unmapped when the last view into it is released, after decoding has copied what it needs.
-        mapped = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    if hasattr(mmap, "MADV_WILLNEED"):
-        mapped.madvise(mmap.MADV_WILLNEED)
-    return memoryview(mapped)
 
 
 class SessionStore:
@@ -174,26 +153,7 @@ class SessionStore:
         if not (path / META).exists():
             raise FileNotFoundError(f"session {session_id[:12]} has no record on disk")
         raw = len(state.blob)
-        frames, parts = kv_codec.encode(state.blob, self._level)
-        header = msgpack.packb({"format": FORMAT_VERSION, "fingerprint": self.fingerprint, "tokens": list(state.tokens),
-                                "raw_bytes": raw, "planes": 2, "frames": [list(f) for f in frames]}, use_bin_type=True)
-        written = 0
-
-        def fill(fh: BinaryIO) -> None:
-            nonlocal written
-            fh.write(KV_MAGIC + struct.pack("<I", len(header)) + header)
-            # zstd's own frame checksum (xxh64) guards a compressed plane as it decompresses; the
-            # crc32 trailer covers every frame (raw ones too) and catches a torn or flipped file
-            # before any work. Both cost far less than sha256 on the resume path.
-            crc, size = 0, 0
-            for part in parts:
-                crc = zlib.crc32(part, crc)
-                size += len(part)
-                fh.write(part)
-            fh.write(struct.pack("<I", crc))
-            written = 8 + len(header) + size + 4
-
-        write_atomic(path / KV, fill)
+        written = write_kv(path / KV, state, self.fingerprint, self._level)
         self.counters["writes"] += 1
         self.counters["kv_bytes_written"] += written
         self._index_update(session_id, lambda old: old and replace(old, kv_tokens=len(state.tokens), kv_bytes=written,
@@ -245,18 +205,7 @@ class SessionStore:
     def load_state(self, session_id: str) -> SavedState | None:
         path = self._session_dir(session_id)
         try:
-            data = _map_file(path / KV)
-            header, start = read_kv_header(data)
-            if header.get("format") != FORMAT_VERSION or header.get("fingerprint") != self.fingerprint:
-                raise StoreCorrupt("KV file of another format or fingerprint")
-            frame = data[start:-4]
-            if len(data) < start + 4 or zlib.crc32(frame) != struct.unpack("<I", data[-4:])[0]:
-                raise StoreCorrupt("KV checksum mismatch (truncated or modified)")
-            raw = int(header["raw_bytes"])
-            frames = header.get("frames")
-            out = self.buffers.take(raw)
-            blob = kv_codec.decode_single_frame(frame, out) if frames is None else kv_codec.decode(frame, frames, out)
-            tokens = tuple(int(t) for t in header["tokens"])
+            state = read_kv(path / KV, self.fingerprint, self.buffers.take)
         except FileNotFoundError:
             return None
         except (StoreCorrupt, KeyError, TypeError, ValueError, zstandard.ZstdError, OSError) as exc:
@@ -265,7 +214,7 @@ class SessionStore:
             self._drop_kv(session_id)
             return None
         self.counters["reads"] += 1
-        return SavedState(tokens, blob)
+        return state
 
     def _drop_kv(self, session_id: str) -> None:
         try:
@@ -288,8 +237,7 @@ class SessionStore:
             session = meta["session"]
             kv_tokens, kv_bytes, kv_raw = 0, 0, 0
             if (path / KV).exists():
-                with (path / KV).open("rb") as fh:
-                    header, _start = read_kv_header(head_bytes(fh))
+                header = read_kv_head(path / KV)
                 kv_tokens, kv_raw = len(header.get("tokens", [])), int(header.get("raw_bytes", 0))
                 kv_bytes = (path / KV).stat().st_size
             return StoreEntry(session_id, *_described(session), kv_tokens, (path / META).stat().st_size, kv_bytes,

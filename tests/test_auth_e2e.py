@@ -87,8 +87,11 @@ def test_other_endpoints_need_a_key_too(secured: Gateway, method: str, path: str
 
 def test_health_and_metrics_are_open(secured: Gateway) -> None:
     assert httpx.get(secured.url + "/health", timeout=30).status_code == 200
-    samples = scrape(secured.url)  # carries no session data: no key needed
-    assert value(samples, "pflash_requests_total", api="openai", status="401") >= 0
+    before = value(scrape(secured.url), "pflash_requests_total", api="openai", status="401")  # no key needed
+    refused = httpx.post(secured.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
+    assert refused.status_code == 401
+    after = value(scrape(secured.url), "pflash_requests_total", api="openai", status="401")
+    assert after == before + 1  # counted, and /metrics carries counts only
 
 
 def test_bearer_and_x_api_key_both_work_with_the_official_sdks(secured: Gateway) -> None:

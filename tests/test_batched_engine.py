@@ -123,29 +123,34 @@ def test_a_sequence_state_restored_into_another_sequence_gives_the_same_next_tok
     assert np.array_equal(from_origin, from_copy)  # one row alone in each batch: bit for bit
 
 
+class MemoryTier:
+    """A state tier in a dict: what the engine stashes comes back once (copies, as the real tier's)."""
+
+    def __init__(self) -> None:
+        self.stashed: dict[str, Any] = {}
+
+    def stash(self, session_id: str, state: Any) -> None:
+        self.stashed[session_id] = type(state)(state.tokens, bytes(state.blob))
+
+    def fetch(self, session_id: str) -> Any:
+        state = self.stashed.pop(session_id, None)
+        return (state, "ram") if state is not None else None
+
+    def holding(self, session_id: str | None, tokens: int) -> None: ...
+    def holding_many(self, sessions: dict[str, int]) -> None: ...
+    def prefetch(self, session_id: str) -> None: ...
+    def persist(self, session_id: str, state: Any) -> None: ...
+
+    def buffer(self, n: int) -> Any:
+        return np.empty(n, dtype=np.uint8)
+
+
 def test_a_follow_up_reuses_its_sequence_and_a_fourth_session_stashes_the_oldest(
         model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Three sessions on two sequences: the third stashes the least recently used session's KV to
     the tier; that session's next turn restores it and prefills only its new tokens."""
-    stashed: dict[str, Any] = {}
-
-    class Tier:
-        def stash(self, session_id: str, state: Any) -> None:
-            stashed[session_id] = type(state)(state.tokens, bytes(state.blob))
-
-        def fetch(self, session_id: str) -> Any:
-            state = stashed.pop(session_id, None)
-            return (state, "ram") if state is not None else None
-
-        def holding(self, session_id: str | None, tokens: int) -> None: ...
-        def holding_many(self, sessions: dict[str, int]) -> None: ...
-        def prefetch(self, session_id: str) -> None: ...
-
-        def buffer(self, n: int) -> Any:
-            return np.empty(n, dtype=np.uint8)
-
     async def run() -> list[PrefillDone]:
-        engine = BatchedLlamaEngine(options(model_path), Tier(), sequences=2)
+        engine = BatchedLlamaEngine(options(model_path), MemoryTier(), sequences=2)
         done: list[PrefillDone] = []
 
         async def turn(session: str, messages: list[Message]) -> str:

@@ -97,7 +97,7 @@ def test_response_format_normalised() -> None:
 
 
 def test_free_answers_get_no_grammar() -> None:
-    assert grammar_for(OutputConstraint(), TOOLS, "hermes") is None  # auto, parallel: the model decides
+    assert grammar_for(OutputConstraint(), (), "hermes") is None  # no tools: nothing to shape
     assert grammar_for(OutputConstraint("none"), (), "hermes") is None  # no tools: nothing to suppress
 
 
@@ -232,6 +232,14 @@ def test_every_valid_call_list_is_accepted_and_parsed_back(checker: GrammarCheck
 def test_text_without_marker_is_exact(checker: GrammarChecker, marker: str, text: str) -> None:
     g = rules_text({"root": "prose", **text_without(marker, "prose")})
     assert checker.accepts(g, text) == (marker not in text)
+
+
+@settings(settings.get_profile("grammar"))
+@given(markers=st.sampled_from([["<tool_call>", "```json"], ["aab", "abb"], ["ab", "ba"]]),
+       text=st.text(alphabet=st.sampled_from(list("<tool_call>`json abx\n")), max_size=40))
+def test_text_without_several_markers_is_exact(checker: GrammarChecker, markers: list[str], text: str) -> None:
+    g = rules_text({"root": "prose", **text_without(markers, "prose")})
+    assert checker.accepts(g, text) == (not any(m in text for m in markers))
 
 
 @settings(settings.get_profile("grammar"))

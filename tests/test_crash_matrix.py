@@ -70,9 +70,10 @@ def test_crash_matrix_transcripts_equal_a_server_that_never_failed(start_gateway
 
 def test_without_records_written_ahead_a_kill_loses_the_compressed_history(start_gateway, tmp_path: Path,
                                                                           reference: Run) -> None:  # type: ignore[no-untyped-def]
-    """The matrix can fail: with record_sync = "off" the kept-line map of turn 2 exists only in
-    memory; killed right after turn 2's answer, the restarted server serves the tool output whole."""
+    """The matrix can fail: with record_sync = "off" and no idle write of the state (which writes
+    the record before it) the kept-line map of turn 2 exists only in memory; killed right after
+    turn 2's answer, the restarted server serves the tool output whole."""
     run = run_script(start_gateway, SCRIPT, tmp_path / "store", [(2, "after")], *FLAGS, "--record-sync", "off",
-                     reference=reference)
+                     "--no-persist-idle-states", reference=reference)
     assert run.after_restart[0][1] != reference.transcripts[2]
     assert run.transcripts[3] != reference.transcripts[3]

@@ -32,3 +32,27 @@ def test_it_trips_exactly_when_some_run_of_equal_lines_is_long_enough(lines: lis
         run = run + 1 if i and kept[i - 1] == line else 1
         longest = max(longest, run)
     assert trips(text, limit, chunk) == (longest >= limit)
+
+
+def test_a_sampled_loop_whose_lines_vary_a_little_trips_the_near_rule() -> None:
+    variants = ["I need to use the Bash tool to list the files here.", "I need to use the Bash tool to list files here.",
+                "I need to use the Bash tool to list the files here now.", "I will use the Bash tool to list the files here."]
+    loop = "Let me think.\n" + "".join(variants[i % 4] + "\n" for i in range(12))
+    guard = LoopGuard(10)
+    assert any(guard.feed(loop[i : i + 5]) for i in range(0, len(loop), 5)) and guard.reason == "near"
+    assert not trips("".join(variants[i % 4] + "\n" for i in range(10)), 10)  # the first line echoes nothing
+
+
+def test_lists_and_tables_whose_lines_differ_in_what_matters_do_not_trip() -> None:
+    counting = "".join(f"{i}\n" for i in range(1, 200))
+    table = "".join(f"| {i} | {name} | {i * 3} ms |\n" for i, name in enumerate(["parse", "plan", "prefill", "decode"] * 30))
+    steps = "".join(f"{i}. Open file_{i}.py and rename the function handler_{i} to serve_{i}.\n" for i in range(60))
+    for text in (counting, table, steps):
+        assert not trips(text, 32), text[:80]
+
+
+def test_a_phrase_looping_without_a_newline_trips_the_phrase_rule() -> None:
+    guard = LoopGuard(32)
+    text = "The answer is " + "and then we read the file again, " * 120
+    assert any(guard.feed(text[i : i + 7]) for i in range(0, len(text), 7)) and guard.reason == "phrase"
+    assert not trips("x" * 10 + "".join(f"{i:05d}" for i in range(3000)), 32)  # long, never repeating

@@ -579,6 +579,11 @@ def test_fuzz_left_no_file_outside_the_store(fuzz_target: Gateway) -> None:
         parts = item.relative_to(store).parts
         if parts in ((".lock",), ("sessions", ".current")):  # the store's advisory lock, and the
             continue  # pointer to the fingerprint directory the last server used (sessions/layout.py)
+        if parts[0] == "checkpoints":  # prefix checkpoints: <fingerprint>/<sha256 of the token ids>.kv
+            assert len(parts) == 1 or HEX16.match(parts[1]), item
+            assert len(parts) <= 2 or (len(parts) == 3 and HEX64.match(parts[2].removesuffix(".kv"))
+                                       and parts[2].endswith(".kv")), item
+            continue
         assert parts[0] == "sessions", item
         if len(parts) >= 2:
             assert HEX16.match(parts[1]), item

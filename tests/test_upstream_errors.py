@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.upstream import _rejection
+from engine.upstream_wire import rejection as _rejection
 
 
 def refusal(status: int, error: object) -> tuple[int, str | None]:

@@ -312,6 +312,10 @@ class HeadScorer:
         drafter = {k: v for k, v in features.items() if not k.startswith(ENCODER_KEY)}
         return int(self.drafter.import_features(drafter)) + int(self.encoder.import_features(encoder))
 
+    def forget_features(self) -> None:
+        self.drafter.forget_features()
+        self.encoder.forget_features()
+
     def bundle(self) -> ScorerBundle:
         """The head plays every role; both models' features travel with a session (above)."""
         from engine.scoring.bundle import ScorerBundle

@@ -95,7 +95,22 @@
       card("saved by compression", num(t.saved_by_compression),
         num(t.compressions) + " compressions · " + num(t.recalls) + " recalls"),
       card("resumes from disk", num(t.resumes_from_disk), num(t.resumes_from_ram) + " from RAM"),
+      card("from checkpoints", num(t.checkpoint_tokens_reused), num(t.checkpoint_hits) + " turns started from one"),
     );
+    renderCheckpoints(o.checkpoints);
+  }
+
+  function renderCheckpoints(c) {
+    $("checkpoints-box").hidden = !c;
+    if (!c) return;
+    $("checkpoints").tBodies[0].replaceChildren(...c.list.map((k) => {
+      const tr = el("tr"), name = el("td");
+      name.append(el("code", "", k.key));
+      tr.append(name, el("td", "", k.origin), el("td", "num", num(k.tokens)),
+        el("td", "num", num(k.hits)), el("td", "", k.tier), el("td", "num", bytes(k.ram_bytes || k.disk_bytes)),
+        el("td", "num", new Date(k.last_used * 1000).toLocaleTimeString("en-GB")));
+      return tr;
+    }));
   }
 
   // --- sessions table -------------------------------------------------------------------------------
@@ -191,7 +206,8 @@
       tr.append(
         el("td", "num", i + 1), el("td", "num", num(t.prompt_tokens)), el("td", "num", num(t.cached_tokens)),
         el("td", "num", num(t.evaluated_tokens)), el("td", "num", num(t.completion_tokens)),
-        el("td", "num", t.ttft_ms), el("td", "", t.restored_from ?? ""),
+        el("td", "num", t.ttft_ms), el("td", "", (t.restored_from ?? "")
+          + (t.checkpoint_tokens ? " (" + num(t.checkpoint_tokens) + " from a checkpoint)" : "")),
         el("td", t.compression && t.compression.compressed ? "compressed" : "", compressionText(t.compression)),
         el("td", t.recall && t.recall.fired ? "recalled" : "", recallText(t.recall)),
       );
