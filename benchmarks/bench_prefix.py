@@ -6,6 +6,7 @@ restart); and a session killed with SIGKILL while idle resumes from the state wr
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import statistics
@@ -32,19 +33,38 @@ from gateway.process import GatewayProcess
 
 TITLE = "Shared prefixes: new sessions, sub-agents and a kill"
 CAPTURES = ROOT.parent / "shared" / "captures" / "claude"
-# (first request, second request): two print-mode sessions whose git-status reminders differ; two
-# spawns of one sub-agent type (the interactive runs' Explore agent).
-PAIRS = {"new Claude Code session (print mode)": ("001", "023"), "second sub-agent spawn": ("009", "018")}
+# (capture, what differs in the second request): a print-mode session started in another checkout
+# (its git-status reminder says another branch, status and commits), and a second spawn of one
+# sub-agent type (the interactive run's Explore agent) with another task. The captured repeats
+# (001 and 023, 009 and 018) are byte-identical requests: a pair of them would measure a repeat.
+PAIRS = {"new Claude Code session (print mode)": ("001", "git"), "second sub-agent spawn": ("009", "task")}
+OTHER_GIT = ("Current branch: feature/parser-rewrite\n", "Status:\nM calc.py\n?? notes.md\n")
+OTHER_TASK = "Find every place that parses command-line flags and list the files with line numbers."
 GOAL_SHARE, GOAL_SPEEDUP, GOAL_KILL = 0.80, 3.0, 50.0  # issue 50
 DROPPED_HEADERS = {"authorization", "host", "content-length", "accept-encoding", "connection"}
 CLASSIFIER_CHARS = 120_000  # requests at least this long (the safety classifier's) are left out of the replay
 
 
-def captured(name: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """A captured Claude Code request as it was sent (headers too), asking for 4 tokens."""
+def captured(name: str, variant: str = "") -> tuple[dict[str, Any], dict[str, str]]:
+    """A captured Claude Code request as it was sent (headers too), asking for 4 tokens; with a
+    `variant`, as another session would send it (see PAIRS)."""
     data = json.loads((CAPTURES / f"{name}.json").read_text(encoding="utf-8"))
     body = {**data["body"], "max_tokens": 4, "stream": True, "temperature": 0}
     headers = {k: v for k, v in data["headers"].items() if k.lower() not in DROPPED_HEADERS}
+    if variant:
+        body = json.loads(json.dumps(body))  # a deep copy to edit
+        headers = {**headers, "X-Claude-Code-Session-Id": str(uuid.uuid4())}
+        first = body["messages"][0]["content"]
+        blocks = first if isinstance(first, list) else [{"type": "text", "text": first}]
+        if variant == "git":
+            text = blocks[0]["text"]
+            text = re.sub(r"Current branch: [^\n]*\n", OTHER_GIT[0], text, count=1)
+            blocks[0]["text"] = re.sub(r"Status:\n[^\n]*\n", OTHER_GIT[1], text, count=1)
+        else:  # the task: the first text block that is not a system reminder
+            task = next(b for b in blocks if b.get("type") == "text" and not b["text"].startswith("<system-reminder>"))
+            task["text"] = OTHER_TASK
+        if not isinstance(first, list):
+            body["messages"][0]["content"] = blocks[0]["text"]
     return body, headers
 
 
@@ -55,9 +75,9 @@ class Answer:
     cached_tokens: int
 
 
-def ask(url: str, name: str) -> Answer:
+def ask(url: str, name: str, variant: str = "") -> Answer:
     """One captured request, streamed: the time to its first content event and its usage."""
-    body, headers = captured(name)
+    body, headers = captured(name, variant)
     started, first = time.perf_counter(), None
     usage: dict[str, Any] = {}
     with httpx.stream("POST", url + "/v1/messages", json=body, headers=headers, timeout=3600) as response:
@@ -82,7 +102,7 @@ class PairResult:
     restarted: list[Answer] = field(default_factory=list)
 
 
-def measure_pair(model: Path, work: Path, first: str, second: str, reps: int, flags: tuple[str, ...]) -> PairResult:
+def measure_pair(model: Path, work: Path, first: str, variant: str, reps: int, flags: tuple[str, ...]) -> PairResult:
     """Per rep, interleaved: the second request alone on an empty store (cold); after the first
     request in the same process (warm); and on a new process over that store (restarted)."""
     result = PairResult()
@@ -90,14 +110,14 @@ def measure_pair(model: Path, work: Path, first: str, second: str, reps: int, fl
         store = work / f"rep{rep}"
         shutil.rmtree(work, ignore_errors=True)
         cold = GatewayProcess(work / f"cold{rep}", "--model", str(model), *flags)
-        result.cold.append(ask(cold.url, second))
+        result.cold.append(ask(cold.url, first, variant))
         cold.stop()
         server = GatewayProcess(store, "--model", str(model), *flags)
         ask(server.url, first)
-        result.warm.append(ask(server.url, second))
+        result.warm.append(ask(server.url, first, variant))
         server.stop()  # SIGTERM: the RAM tier's checkpoints go to disk
         again = GatewayProcess(store, "--model", str(model), *flags)
-        result.restarted.append(ask(again.url, second))
+        result.restarted.append(ask(again.url, first, variant))
         again.stop()
     shutil.rmtree(work, ignore_errors=True)
     return result
@@ -121,7 +141,8 @@ def measure_kill(model: Path, work: Path, history: list[dict[str, str]], reps: i
     """A session served once, left idle until its state is on disk, killed with SIGKILL; its next
     turn on a new process against the same turn on an empty store (a full prefill)."""
     result = KillResult()
-    body = {"model": "m", "messages": history, "max_tokens": 4, "temperature": 0}
+    body = {"model": "m", "messages": history, "max_tokens": 4, "temperature": 0,
+            "stream_options": {"include_usage": True}}
     for rep in range(reps):
         shutil.rmtree(work, ignore_errors=True)
         session = f"kill-{rep}-{uuid.uuid4().hex}"
@@ -174,8 +195,8 @@ def run(ctx: BenchContext) -> Section:
     runs.append((next(iter(PAIRS)), "Qwen2.5-Coder-0.5B", qwen, PAIRS[next(iter(PAIRS))], qwen_reps))
     rows: list[list[object]] = []
     verdicts: list[str] = []
-    for label, model_name, path, (first, second), n in ctx.progress(runs, "prefix pairs"):
-        result = measure_pair(path, ctx.cache_dir / "prefix-work", first, second, n, flags)
+    for label, model_name, path, (first, variant), n in ctx.progress(runs, "prefix pairs"):
+        result = measure_pair(path, ctx.cache_dir / "prefix-work", first, variant, n, flags)
         rows += pair_rows(label, model_name, result)
         for where, answers in (("same process", result.warm), ("after a restart", result.restarted)):
             share = min(a.cached_tokens / max(1, a.prompt_tokens) for a in answers)
@@ -197,8 +218,9 @@ def run(ctx: BenchContext) -> Section:
         "(**after a restart**: the checkpoint read from disk). `cached` is the usage's "
         "`cache_read_input_tokens` over the prompt, the lowest of the repetitions; times are median "
         "(min–max) seconds; speed-ups are ratios of medians. Default settings (`sequences` 4, n_ctx 32768); "
-        "the two print-mode sessions differ in their git-status reminder, the two sub-agent spawns in "
-        "their task.\n\n"
+        "the second print-mode session is the captured one with its git-status reminder as another checkout "
+        "gives it (branch, status), the second sub-agent spawn the captured one with another task (the "
+        "captured repeats are byte-identical requests).\n\n"
         + md_table(["request", "model", "second request", "prompt tokens", "cached", "cold s", "from checkpoint s",
                     "speed-up"], rows)
         + "\n" + "".join(f"- {v}\n" for v in verdicts)
