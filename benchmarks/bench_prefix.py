@@ -104,18 +104,22 @@ class PairResult:
 
 def measure_pair(model: Path, work: Path, first: str, variant: str, reps: int, flags: tuple[str, ...]) -> PairResult:
     """Per rep, interleaved: the second request alone on an empty store (cold); after the first
-    request in the same process (warm); and on a new process over that store (restarted)."""
+    request in the same process (warm); and on a new process over the store of a server that served
+    only the first request (restarted: the checkpoint comes from disk)."""
     result = PairResult()
     for rep in range(reps):
-        store = work / f"rep{rep}"
         shutil.rmtree(work, ignore_errors=True)
         cold = GatewayProcess(work / f"cold{rep}", "--model", str(model), *flags)
         result.cold.append(ask(cold.url, first, variant))
         cold.stop()
-        server = GatewayProcess(store, "--model", str(model), *flags)
+        server = GatewayProcess(work / f"warm{rep}", "--model", str(model), *flags)
         ask(server.url, first)
         result.warm.append(ask(server.url, first, variant))
-        server.stop()  # SIGTERM: the RAM tier's checkpoints go to disk
+        server.stop()
+        store = work / f"restart{rep}"
+        before = GatewayProcess(store, "--model", str(model), *flags)
+        ask(before.url, first)
+        before.stop()  # SIGTERM: the RAM tier's checkpoints go to disk
         again = GatewayProcess(store, "--model", str(model), *flags)
         result.restarted.append(ask(again.url, first, variant))
         again.stop()
@@ -214,8 +218,8 @@ def run(ctx: BenchContext) -> Section:
         "streamed content event in three ways, interleaved per repetition: alone on a gateway with an "
         "empty store (**cold**: a full prefill); right after the pair's first request on the same gateway "
         "(**same process**: the system prompt and tools come from the checkpoint the first request saved "
-        "where they end); and on a new gateway started over the first one's store after a SIGTERM "
-        "(**after a restart**: the checkpoint read from disk). `cached` is the usage's "
+        "where they end); and on a new gateway started, after a SIGTERM, over the store of one that served "
+        "only the first request (**after a restart**: the checkpoint read from disk). `cached` is the usage's "
         "`cache_read_input_tokens` over the prompt, the lowest of the repetitions; times are median "
         "(min–max) seconds; speed-ups are ratios of medians. Default settings (`sequences` 4, n_ctx 32768); "
         "the second print-mode session is the captured one with its git-status reminder as another checkout "
