@@ -112,7 +112,7 @@ class TurnService:
             # Kept-line maps and recalls belong to their content: history that another branch of the
             # session served compressed (this conversation before its tools changed, before its branch
             # was dropped) is served the same here. A new message is cut for this turn's own request.
-            history = conv.messages[: max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=-1) + 1]
+            history = conv.messages[: new_turn_start(conv.messages)]
             adopted = record.adopt(branch.root, {content_hash(m.content) for m in history},
                                    {turn_key(i, m.content) for i, m in enumerate(history)})
             if adopted:
@@ -234,7 +234,7 @@ class TurnService:
         """Tokens of each message of `roles` in the new turn (after the last assistant message) long
         enough to reach the threshold. Runs in a worker thread: counting a long paste is the costly
         part of choosing what to compress."""
-        start = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1) + 1
+        start = new_turn_start(messages)
         return {index: self.engine.count_tokens(messages[index].content) for index in range(start, len(messages))
                 # a token is at least one character: a shorter message never reaches the threshold
                 if messages[index].role in roles and len(messages[index].content) >= self.settings.threshold}
@@ -343,6 +343,11 @@ class TurnService:
             turn_log_entry(turn, finished),
             turn.identity.key if turn.identity.source != "prefix" else None,
         )
+
+
+def new_turn_start(messages: Sequence[Message]) -> int:
+    """Where this turn's new messages begin: after the last assistant message (before it: history)."""
+    return max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1) + 1
 
 
 def turn_log_entry(turn: Turn, finished: Finished) -> dict[str, Any]:
