@@ -211,7 +211,7 @@ def run(ctx: BenchContext) -> Section:
     history = agent_history(sessions, size, ctx.count_tokens)
     kill = measure_kill(ctx.model_path, ctx.cache_dir / "kill-work", history, 1 if ctx.quick else reps, flags)
     kill_ratio = statistics.median(kill.full_s) / statistics.median(kill.resumed_s)
-    replays = replay_both(ctx, ctx.model_path, flags)
+    replays = replay_both(ctx, qwen, flags)  # Qwen's template renders the tools on both servers
     text = (
         "Captured Claude Code 2.1.328 requests (`../shared/captures/claude`) are replayed with their own "
         "headers, each asking for 4 tokens. The second request of each pair is timed to its first "
@@ -264,16 +264,20 @@ def replay_both(ctx: BenchContext, model: Path, flags: tuple[str, ...]) -> list[
 def replay_text(results: list[ReplayResult] | str) -> str:
     if isinstance(results, str):
         return "\n" + results + "\n"
-    rows = [[r.server, r.requests, f"{r.prefilled:,.0f}", f"{r.wait_s:.1f}", r.failures] for r in results]
+    rows = [[r.server, r.requests, f"{r.prompt_tokens:,}", f"{r.prefilled:,.0f}",
+             f"{r.prefilled / max(r.prompt_tokens, 1):.1%}", f"{r.wait_s:.1f}", r.failures] for r in results]
     text = ("\n**The captured traffic, replayed.** Every Messages request of the capture (five Claude Code runs: "
             "print-mode sessions, interactive ones with their sub-agents and title requests; the two auto-mode "
             "classifier requests, whose 145K-character system prompt fits no 32K context, left out), "
-            "in the order sent, each asking for 4 tokens, on a fresh gateway (Gemma 3 270M, defaults) and on "
-            "llama-server with the same model file, one request at a time. Prefilled tokens are each server's "
-            "own count of prompt tokens it evaluated (`pflash_prefill_tokens_total{kind=\"evaluated\"}`, "
-            "`llamacpp:prompt_tokens_total`); each server renders the requests with its own template, so "
-            "prompt sizes differ a little.\n\n"
-            + md_table(["server", "requests", "tokens prefilled", "total wait s", "failed"], rows))
+            "in the order sent, each asking for 4 tokens, on a fresh gateway (Qwen2.5-Coder-0.5B-Instruct, "
+            "defaults) and on llama-server with the same model file, one request at a time. Prefilled tokens are "
+            "each server's own count of prompt tokens it evaluated (`pflash_prefill_tokens_total{kind=\"evaluated\"}`, "
+            "`llamacpp:prompt_tokens_total`); prompt tokens are the sum of each answer's usage (fresh + cached). "
+            "Each server renders the requests with its own template, so prompt sizes differ a little. (With "
+            "Gemma 3, whose template has no tools, llama-server leaves Claude Code's tools out of the prompt: "
+            "its prompts are a third of the gateway's, so that pair would not compare.)\n\n"
+            + md_table(["server", "requests", "prompt tokens", "tokens prefilled", "prefilled share", "total wait s",
+                        "failed"], rows))
     if len(results) == 2:
         ours, theirs = results
         text += (f"\nThe gateway prefilled {ours.prefilled / max(theirs.prefilled, 1):.2f}× llama-server's tokens "

@@ -47,6 +47,7 @@ class ReplayResult:
     server: str
     requests: int
     prefilled: float  # prompt tokens the server evaluated (not taken from a cache)
+    prompt_tokens: int  # the prompts' size as the server counted them (its usage: fresh + cached)
     wait_s: float  # the sum of the requests' wall times
     failures: int
 
@@ -54,13 +55,16 @@ class ReplayResult:
 def replay(url: str, server: str, requests: list[tuple[str, dict[str, Any], dict[str, str]]],
            prefilled_metric: tuple[str, ...]) -> ReplayResult:
     before = metric_total(url, prefilled_metric)
-    wait, failures = 0.0, 0
+    wait, failures, prompt = 0.0, 0, 0
     for _name, body, headers in requests:
         started = time.perf_counter()
         response = httpx.post(url + "/v1/messages", json=body, headers=headers, timeout=3600)
         wait += time.perf_counter() - started
         failures += response.status_code != 200
-    return ReplayResult(server, len(requests), metric_total(url, prefilled_metric) - before, wait, failures)
+        if response.status_code == 200:
+            usage = response.json().get("usage") or {}
+            prompt += int(usage.get("input_tokens", 0)) + int(usage.get("cache_read_input_tokens", 0))
+    return ReplayResult(server, len(requests), metric_total(url, prefilled_metric) - before, prompt, wait, failures)
 
 
 GATEWAY_PREFILLED = ('pflash_prefill_tokens_total{kind="evaluated"}',)

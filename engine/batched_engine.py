@@ -258,7 +258,7 @@ class BatchedLlamaEngine(LlamaEngine):
 
     def _start(self, slot: Slot, job: Job) -> None:
         restored_from = "context" if slot.session_id == job.session_id else self._restore_into(slot, job)
-        reuse = min(self._reusable_prefix(slot.tokens, job.tokens), len(job.tokens) - 1)  # the last token yields logits
+        reuse = min(self._reusable_prefix(slot.tokens, job.tokens, restored_from), len(job.tokens) - 1)  # the last token yields logits
 
         def restore(state: SavedState) -> bool:
             ok = restore_sequence(self._lib, self._context.ctx, slot.seq, state, self.n_ctx)

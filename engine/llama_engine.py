@@ -40,7 +40,7 @@ from engine.llama_jobs import Job, RawDone, RawError, RawText
 from engine.llama_relay import relay
 from engine.loop_guard import LoopGuard
 from engine.prefix_checkpoints import CheckpointOptions, PrefixCheckpoints, StartPoint, SystemMarks
-from engine.seq_state import restore_sequence, save_sequence
+from engine.seq_state import rollback_limits, restore_sequence, save_sequence
 from engine.stops import StopMatcher
 from policies.conversation_types import Message, SamplingParams, ToolSpec
 from policies.roles import alternate_roles
@@ -108,11 +108,8 @@ class LlamaEngine:
         self._grammars = GrammarCache(llama_cpp, self._vocab, self.template.tool_format)
         arch = self._llm.metadata.get("general.architecture", "")
         window = int(self._llm.metadata.get(f"{arch}.attention.sliding_window", "0") or 0)
-        # With a small sliding-window cache, rolling the cache back further than the retained
-        # window silently corrupts the SWA layers (tests/test_agent_errors_e2e.py depends on it): reuse only short rollbacks.
-        self._max_rollback = (
-            options.n_ctx if options.swa_full or window == 0 else max(0, min(window, options.n_ubatch) // 2)
-        )
+        self._max_rollback, self._restored_rollback = rollback_limits(window, options.n_ctx, options.n_ubatch,
+                                                                      options.swa_full)
         self.fingerprint = "|".join(
             [options.model_sha256, str(options.n_ctx), options.cache_type_k, options.cache_type_v,
              f"swa_full={options.swa_full}", self.template.sha256]
@@ -128,7 +125,7 @@ class LlamaEngine:
             "restores_ram": 0, "restores_disk": 0, "completion_tokens": 0, "prefix_reuse_refused": 0,
             "prefills_cancelled": 0, "states_kept_after_failure": 0, "repetition_stops": 0, "states_persisted": 0,
         }
-        self._prefix = PrefixCheckpoints(llama_cpp, options.checkpoints, self._counters)
+        self._prefix = PrefixCheckpoints(llama_cpp, options.checkpoints, self._counters, self._restored_rollback)
         self._marks = SystemMarks(lambda head, tools: self.template.render(head, tools, add_generation_prompt=False),
                                   self.tokenize)
         log.info("chat template: %s (tools as %s, sha256 %s)", self.template.name, self.template.tool_format,
@@ -362,7 +359,7 @@ class LlamaEngine:
     def _start_point(self, tokens: list[int], restored_from: str) -> StartPoint:
         """The session's own state, or a longer shared checkpoint of the prompt's prefix."""
         llm = self._llm
-        reuse = min(self._reusable_prefix(llm.input_ids[: llm.n_tokens], tokens), len(tokens) - 1)  # the last token yields logits
+        reuse = min(self._reusable_prefix(llm.input_ids[: llm.n_tokens], tokens, restored_from), len(tokens) - 1)
         return self._prefix.start(tokens, reuse, restored_from, self._restore)
 
     def _persist_current(self) -> None:
@@ -372,13 +369,13 @@ class LlamaEngine:
             self._persisted = current
             self._counters["states_persisted"] += 1
 
-    def _reusable_prefix(self, cached: Sequence[int], tokens: Sequence[int]) -> int:
-        """How much of `cached` (what a sequence's KV covers) the prompt `tokens` may keep."""
+    def _reusable_prefix(self, cached: Sequence[int], tokens: Sequence[int], restored_from: str) -> int:
+        """How much of `cached` (what a sequence's KV covers, live or restored) the prompt `tokens` may keep."""
         limit = min(len(cached), len(tokens))
         common = 0
         while common < limit and cached[common] == tokens[common]:
             common += 1
-        if len(cached) - common > self._max_rollback:
+        if len(cached) - common > (self._max_rollback if restored_from == "context" else self._restored_rollback):
             # Counted: after a restore this is a restore that did not save the prefill.
             self._counters["prefix_reuse_refused"] += 1
             log.info("prefix diverges %d tokens before the cache end: full prefill", len(cached) - common)

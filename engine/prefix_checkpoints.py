@@ -70,34 +70,43 @@ class SystemMarks:
 
 
 class PrefixCheckpoints:
-    def __init__(self, lib: Any, options: CheckpointOptions, counters: dict[str, float]) -> None:
+    def __init__(self, lib: Any, options: CheckpointOptions, counters: dict[str, float], rollback: int = 0) -> None:
         self._lib = lib
         self.options = options
+        # How far a restored checkpoint may be cut back: a whole context for a cache that can be
+        # truncated anywhere (any common prefix is reused), little for a sliding window.
+        self.rollback = rollback
         self.tier: CheckpointTier | None = None
         self._counters = counters
         counters.update({"checkpoint_hits": 0, "checkpoint_misses": 0, "checkpoint_tokens_reused": 0,
                          "checkpoints_saved": 0})
 
-    def better(self, tokens: Sequence[int], reuse: int) -> tuple[SavedState, str] | None:
-        """The longest checkpoint that would leave less to prefill than `reuse`, with its tier."""
+    def better(self, tokens: Sequence[int], reuse: int) -> tuple[SavedState, str, int] | None:
+        """A checkpoint that leaves less to prefill than `reuse`, its tier, and how many of the
+        prompt's tokens it serves: the longest that is a prefix of the prompt, or one sharing a
+        longer prefix with it when cutting it back that far is safe (`rollback`)."""
         if self.tier is None:
             return None
+        last = len(tokens) - 1  # the last token must yield logits
         n = self.tier.longest(tokens, above=reuse)
-        if min(n, len(tokens) - 1) <= reuse:
+        covered, common = self.tier.longest_common(tokens, self.rollback, above=max(n, reuse)) if self.rollback else ((), 0)
+        if min(max(n, common), last) <= reuse:
             return None
-        return self.tier.load(tokens[:n])
+        found = self.tier.load(covered) if common > n else self.tier.load(tokens[:n])
+        return None if found is None else (*found, min(max(n, common), last))
 
     def start(self, tokens: Sequence[int], reuse: int, restored_from: str,
               restore: Callable[[SavedState], bool]) -> StartPoint:
         """Where the turn starts: at `reuse` (what the session's own state gives), or past a longer
-        checkpoint that `restore` put into the sequence. A failed restore leaves it empty."""
+        checkpoint that `restore` put into the sequence (the engine cuts it back to the start
+        point). A failed restore leaves the sequence empty."""
         found = self.better(tokens, reuse)
         if found is not None:
-            if restore(found[0]):
-                n = min(len(found[0].tokens), len(tokens) - 1)  # the last token must yield logits
+            state, _tier, n = found
+            if restore(state):
                 return self._counted(StartPoint(n, "checkpoint", n))
             self._counters["restore_failures"] += 1
-            log.warning("checkpoint restore failed (%d tokens): prefill from the start", len(found[0].tokens))
+            log.warning("checkpoint restore failed (%d tokens): prefill from the start", len(state.tokens))
             reuse, restored_from = 0, "none"
         return self._counted(StartPoint(reuse, restored_from))
 

@@ -43,3 +43,16 @@ def restore_sequence(lib: Any, ctx: Any, seq: int, state: SavedState, n_ctx: int
     if lib.llama_state_seq_set_data(ctx, buf, len(state.blob), seq) == 0:
         return False
     return bool(lib.llama_memory_seq_pos_max(memory, seq) == n - 1)
+
+
+def rollback_limits(window: int, n_ctx: int, n_ubatch: int, swa_full: bool) -> tuple[int, int]:
+    """How many tokens a sequence's cache may be cut back: (the live context, a restored state).
+
+    Without a sliding window, anywhere. A sliding-window cache keeps the window plus one batch,
+    so half a batch at most: further silently corrupts its sliding layers (tests/test_agent_errors_e2e.py).
+    A full-size one (swa_full) is cut anywhere while live, but a state restored from a save and cut
+    back 720 tokens answered otherwise than a cold prefill (measured on Gemma 3): half a batch there too."""
+    if window == 0:
+        return n_ctx, n_ctx
+    windowed = max(0, min(window, n_ubatch) // 2)
+    return (n_ctx if swa_full else windowed), windowed

@@ -21,6 +21,7 @@ from engine.base import EngineEvent, EngineRejected, EngineUnavailable, PrefillD
 from engine.constraints import OutputConstraint
 from engine.reasoning import ReasoningSplitter
 from engine.text_calls import TextCalls
+from engine.upstream_grammar import UpstreamGrammars
 from engine.upstream_wire import is_overflow, rejection, sse_data
 from policies.conversation_types import (
     Finished,
@@ -54,6 +55,7 @@ class UpstreamOptions:
     # replica that holds a session's prefix cache keeps getting its turns.
     session_header: str | None = "X-Session-Id"
     prompt_cache_key: bool = False  # also as OpenAI's `prompt_cache_key` (strict upstreams refuse it)
+    tool_grammar: bool = True  # the gateway's tool-call grammar, to an upstream that takes one (llama-server)
 
 
 def with_images(message: Message) -> str | list[dict[str, Any]]:
@@ -162,7 +164,9 @@ class UpstreamEngine:
         self.fingerprint = f"upstream|{self._base}|{self.model_id}"
         self._session: aiohttp.ClientSession | None = None
         self._counters: dict[str, float] = {"upstream_requests": 0, "upstream_errors": 0, "upstream_retries": 0,
-                                            "upstream_format_fallbacks": 0, "upstream_text_calls": 0}
+                                            "upstream_format_fallbacks": 0, "upstream_text_calls": 0,
+                                            "upstream_grammar_requests": 0}
+        self._grammars = UpstreamGrammars(options.tool_grammar)
         log.info("upstream %s; line-level token counts from %s", self._base, tokenizer_name)
 
     def _headers(self) -> dict[str, str]:
@@ -186,11 +190,11 @@ class UpstreamEngine:
                 self.model_id = str(entries[0].get("id", self.model_id))
             if entries and not self.n_ctx:
                 self.n_ctx = int(entries[0].get("max_model_len") or 0)
-            if not self.n_ctx:
-                async with self.session.get(self._root + "/props") as response:
-                    if response.status == 200:
-                        props = await response.json(content_type=None)
-                        self.n_ctx = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0)
+            async with self.session.get(self._root + "/props") as response:  # llama-server's
+                props = await response.json(content_type=None) if response.status == 200 else {}
+            if isinstance(props, dict):
+                self.n_ctx = self.n_ctx or int((props.get("default_generation_settings") or {}).get("n_ctx") or 0)
+                self._grammars.learn(props)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError, AttributeError) as exc:
             log.warning("upstream not reachable at start (%s); will retry per request", exc)
         self.n_ctx = self.n_ctx or 32768
@@ -277,19 +281,11 @@ class UpstreamEngine:
         if prompt.tools:
             body["tools"] = to_openai_tools(prompt.tools)
         body.update(to_openai_constraint(prompt.constraint, bool(prompt.tools)))
+        constrained = self._grammars.apply(body, prompt)
         self._counters["upstream_requests"] += 1
+        self._counters["upstream_grammar_requests"] += constrained
         headers = {self._opts.session_header: session_id[:32]} if self._opts.session_header else None
-        try:
-            response = await self._post_with_retries(body, headers)
-        except EngineRejected as exc:
-            fallback = schema_as_json_object(body)
-            if fallback is None or exc.status == 400 and exc.code == "context_length_exceeded":
-                raise
-            # llama-cpp-python's server knows only {"type": "json_object", "schema": ...}, and
-            # answers the OpenAI json_schema shape with an error: the same schema, in its words.
-            log.info("upstream refused response_format json_schema (%s); retrying as json_object with the schema", exc)
-            self._counters["upstream_format_fallbacks"] += 1
-            response = await self._post_with_retries(fallback, headers)
+        response = await self._post_answer(body, headers, constrained)
         calls: dict[int, dict[str, str]] = {}
         text_parts: list[str] = []
         reasoning = ReasoningSplitter()
@@ -359,6 +355,26 @@ class UpstreamEngine:
         cached = int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         reason = "tool_calls" if calls else ("length" if finish == "length" else "stop")
         yield Finished(reason, Usage(prompt_tokens, completion_tokens, cached))  # type: ignore[arg-type]
+
+    async def _post_answer(self, body: dict[str, Any], headers: dict[str, str] | None,
+                           constrained: bool) -> aiohttp.ClientResponse:
+        """The request, sent once more in a shape a refusing upstream takes: without the tool
+        grammar, or with a json_schema response_format as llama-cpp-python's server words it."""
+        try:
+            return await self._post_with_retries(body, headers)
+        except EngineRejected as exc:
+            if exc.status == 400 and exc.code == "context_length_exceeded":
+                raise
+            if constrained and exc.status == 400:
+                self._grammars.give_up(exc)
+                return await self._post_with_retries({k: v for k, v in body.items()
+                                                      if k not in ("grammar", "tool_choice")}, headers)
+            fallback = schema_as_json_object(body)
+            if fallback is None:
+                raise
+            log.info("upstream refused response_format json_schema (%s); retrying as json_object with the schema", exc)
+            self._counters["upstream_format_fallbacks"] += 1
+            return await self._post_with_retries(fallback, headers)
 
     async def _post_with_retries(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
         delay = 0.25

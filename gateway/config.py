@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     upstream_prompt_cache_key: bool = Field(
         False, description="Also send the session key as OpenAI's prompt_cache_key (upstreams that read it).",
     )
+    upstream_tool_grammar: bool = Field(
+        True, description="Send the gateway's tool-call grammar (offered names, schema-valid arguments) with "
+        "tool_choice auto to an upstream that takes one (llama-server, found by its /props).",
+    )
     tokenizer: str | None = Field(
         None, description="Token counting without a local target: a GGUF path (vocabulary only) or "
         "'tiktoken:<encoding>' (files from TIKTOKEN_CACHE_DIR); default: the vocabulary of --model.",

@@ -79,5 +79,6 @@ def _build_upstream(settings: Settings) -> Engine:
         multimodal=settings.upstream_multimodal,
         session_header=settings.upstream_session_header or None,
         prompt_cache_key=settings.upstream_prompt_cache_key,
+        tool_grammar=settings.upstream_tool_grammar,
     )
     return UpstreamEngine(options, count, name)

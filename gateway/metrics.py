@@ -229,9 +229,10 @@ def _engine_metrics(stats: StatsSnapshot) -> Iterator[Metric]:
     yield GaugeMetricFamily("pflash_queue_depth", "Turns queued or running in the engine.",
                             value=engine.get("queue_depth", 0.0))
     if "upstream_requests" in engine:  # upstream mode
-        upstream = _counter("pflash_upstream_events", "Upstream requests, errors, connect retries, and requests "
-                            "re-sent with response_format in the llama.cpp form.", labels=["event"])
-        for event in ("requests", "errors", "retries", "format_fallbacks"):
+        upstream = _counter("pflash_upstream_events", "Upstream requests, errors, connect retries, requests "
+                            "re-sent with response_format in the llama.cpp form, requests sent with the tool-call "
+                            "grammar, and answers whose calls came back as text.", labels=["event"])
+        for event in ("requests", "errors", "retries", "format_fallbacks", "grammar_requests", "text_calls"):
             upstream.add_metric([event], engine.get(f"upstream_{event}", 0.0))
         yield upstream
 

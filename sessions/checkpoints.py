@@ -94,6 +94,23 @@ class CheckpointStore:
                 return n
         return 0
 
+    def longest_common(self, tokens: Sequence[int], rollback: int, above: int = 0) -> tuple[tuple[int, ...], int]:
+        """The checkpoint sharing the longest common prefix with `tokens` (over `above` tokens)
+        among those that would be cut back by at most `rollback` tokens, and that prefix's length;
+        ((), 0) if none. What a model whose cache can be truncated (no sliding window) reuses of a
+        prompt that diverges inside a checkpoint: llama-server's any-prefix reuse."""
+        prompt = token_array(tokens)
+        with self._lock:
+            entries = [e for e in self._entries.values() if e.n > above and len(prompt) > above]
+        best: tuple[tuple[int, ...], int] = ((), 0)
+        for entry in entries:
+            n = min(entry.n, len(prompt))
+            differs = np.flatnonzero(entry.tokens[:n] != prompt[:n])
+            common = int(differs[0]) if len(differs) else n
+            if common > max(best[1], above) and entry.n - common <= rollback:
+                best = (tuple(int(t) for t in entry.tokens), common)
+        return best
+
     def has(self, tokens: Sequence[int]) -> bool:
         """Whether a checkpoint covers exactly `tokens` (made the most recently used if so)."""
         key = prefix_key(tokens)

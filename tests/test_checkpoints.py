@@ -49,6 +49,30 @@ def test_a_checkpoint_is_used_only_when_its_token_ids_are_a_prefix_of_the_prompt
     store.close()
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@given(stored=st.lists(token_lists, max_size=6), prompt=token_lists, rollback=st.integers(0, 30),
+       above=st.integers(0, 10))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_longest_common_prefix_is_offered_only_within_the_rollback_the_cache_allows(
+        tmp_path_factory: pytest.TempPathFactory, stored: list[list[int]], prompt: list[int], rollback: int,
+        above: int) -> None:
+    store = open_store(tmp_path_factory.mktemp("lcp"))
+    for i, tokens in enumerate(stored):
+        store.add(state(tokens), "prompt", f"session-{i}")
+    covered, common = store.longest_common(prompt, rollback, above)
+    usable = [common_prefix(t, prompt) for t in stored if len(t) - common_prefix(t, prompt) <= rollback]
+    assert common == max((c for c in usable if c > above), default=0)
+    if common:
+        assert list(covered[:common]) == prompt[:common] and len(covered) - common <= rollback
+        assert store.load(covered) is not None  # what the engine restores, then cuts back to `common`
+    else:
+        assert covered == ()
+    store.close()
+
+
 @given(tokens=st.lists(st.integers(0, 2**31 - 1), max_size=200), cuts=st.lists(st.integers(0, 220), max_size=8))
 def test_the_hash_chain_names_each_prefix_as_hashing_it_alone(tokens: list[int], cuts: list[int]) -> None:
     keys = prefix_keys(tokens, cuts)

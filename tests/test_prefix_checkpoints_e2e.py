@@ -21,7 +21,7 @@ from engine.base import PrefillDone
 from engine.batched_engine import BatchedLlamaEngine
 from engine.llama_engine import LlamaEngine, LlamaOptions
 from engine.prefix_checkpoints import CheckpointOptions
-from policies.conversation_types import Message, SamplingParams, TextDelta, ToolSpec
+from policies.conversation_types import Message, SamplingParams, TextDelta, ToolCallDelta, ToolSpec
 from sessions.checkpoints import CheckpointStore
 from tests.conftest import Gateway
 from tests.metrics_util import scrape, value
@@ -36,9 +36,9 @@ TOOLS = (ToolSpec("read_file", "Read a file of the repository.",
 CHECKPOINTS = CheckpointOptions(interval=0, min_tokens=64)
 
 
-def make_engine(model_path: Path, store_root: Path, sequences: int) -> Any:
+def make_engine(model_path: Path, store_root: Path, sequences: int, swa_full: bool = False) -> Any:
     options = LlamaOptions(model_path=model_path, model_sha256="test", n_ctx=4096, n_threads=2,
-                           checkpoints=CHECKPOINTS, persist_idle=False)
+                           checkpoints=CHECKPOINTS, persist_idle=False, swa_full=swa_full)
     engine = LlamaEngine(options) if sequences == 1 else BatchedLlamaEngine(options, sequences=sequences)
     store = CheckpointStore(store_root, engine.fingerprint, 256 << 20, 256 << 20)
     engine.attach_checkpoints(store)
@@ -46,15 +46,25 @@ def make_engine(model_path: Path, store_root: Path, sequences: int) -> Any:
 
 
 async def ask(engine: Any, session: str, question: str) -> tuple[str, PrefillDone, int]:
+    """The greedy answer (text and calls), the prefill's report, and where the system prompt and tools end."""
     prompt = await engine.prepare([Message("system", SYSTEM), Message("user", question)], TOOLS)
     text, prefill = [], None
     async for event in engine.stream(session, prompt, SamplingParams(max_tokens=24, temperature=0.0)):
         if isinstance(event, TextDelta):
             text.append(event.text)
+        elif isinstance(event, ToolCallDelta):
+            text.append(f"{event.call.name}({event.call.arguments})")
         elif isinstance(event, PrefillDone):
             prefill = event
     assert prefill is not None and prompt.checkpoint_marks
     return "".join(text), prefill, prompt.checkpoint_marks[0]
+
+
+async def shared_prefix(engine: Any, question: str, other: str) -> int:
+    """How many leading tokens the two questions' prompts share."""
+    a, b = [(await engine.prepare([Message("system", SYSTEM), Message("user", q)], TOOLS)).tokens
+            for q in (question, other)]
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
 
 @pytest.mark.parametrize("sequences", [1, 2])
@@ -67,7 +77,10 @@ def test_a_new_session_starts_from_the_shared_prefix_and_answers_as_a_cold_prefi
         assert mark > 1000  # the system prompt and tools: where every session of this agent diverges
 
         warm_text, warm, _ = await ask(engine, "session-b", "Which tool reads a file?")
-        assert (warm.restored_from, warm.checkpoint_tokens, warm.cached_tokens) == ("checkpoint", mark, mark)
+        # From the first prompt's own checkpoint, cut back the few tokens past "Which" (within the window).
+        common = await shared_prefix(engine, "Which rule is about line 30?", "Which tool reads a file?")
+        assert mark < common < mark + 8
+        assert (warm.restored_from, warm.checkpoint_tokens, warm.cached_tokens) == ("checkpoint", common, common)
         again_text, again, _ = await ask(engine, "session-c", "Which tool reads a file?")  # the whole prompt
         assert again.restored_from == "checkpoint" and again.cached_tokens == again.prompt_tokens - 1
         stats = engine.stats()
@@ -94,6 +107,46 @@ def test_a_new_session_starts_from_the_shared_prefix_and_answers_as_a_cold_prefi
         assert after_text == cold_text
 
     asyncio.run(run())
+
+
+FILE = "".join(f"line {i}: total = total + values[{i}]  # accumulate\n" for i in range(40))
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_a_prompt_that_diverges_inside_a_checkpoint_reuses_their_common_prefix_where_the_cache_can_be_cut(
+        model_path: Path, instruct_model_path: Path, tmp_path: Path, sequences: int) -> None:
+    """Qwen's cache (no sliding window) is cut back to the longest common prefix of any checkpoint,
+    as llama-server reuses any prefix, and answers as a cold prefill. Gemma's sliding window keeps
+    to checkpoints that are whole prefixes of the prompt, even with a full-size window cache."""
+    # The first prompt goes on for more than Gemma may cut back (256 tokens) after they part.
+    first = f"Here is sum.py:\n{FILE}Which line adds values[7]? And here is mean.py:\n{FILE.replace('total', 'mean')}"
+    second = f"Here is sum.py:\n{FILE}What does the function return?"
+
+    async def run(model: Path, root: Path, swa_full: bool = False) -> tuple[str, PrefillDone, int, int]:
+        engine, store = make_engine(model, root, sequences, swa_full)
+        _text, cold, mark = await ask(engine, "session-a", first)
+        assert cold.restored_from == "none"
+        text, warm, _ = await ask(engine, "session-b", second)
+        common = await shared_prefix(engine, first, second)
+        await engine.close()
+        store.close()
+        return text, warm, mark, common
+
+    async def both() -> None:
+        text, warm, mark, common = await run(instruct_model_path, tmp_path / "qwen")
+        assert common > mark + 300  # the file is shared too: far past the system prompt's checkpoint
+        assert (warm.restored_from, warm.checkpoint_tokens, warm.cached_tokens) == ("checkpoint", common, common)
+        reference, reference_store = make_engine(instruct_model_path, tmp_path / "cold", sequences)
+        cold_text, cold, _ = await ask(reference, "session-b", second)
+        await reference.close()
+        reference_store.close()
+        assert cold.cached_tokens == 0 and text == cold_text
+
+        _, window, window_mark, window_common = await run(model_path, tmp_path / "gemma", swa_full=True)
+        assert window_common > window_mark + 300
+        assert (window.restored_from, window.cached_tokens) == ("checkpoint", window_mark)
+
+    asyncio.run(both())
 
 
 def claude_like(server: Gateway, session: str, question: str) -> tuple[Any, dict[str, str]]:
