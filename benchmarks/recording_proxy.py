@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from benchmarks.recorded_calls import RecordedCall, recorded_calls
 from gateway.process import free_port
 
 _HOP_BY_HOP = {"host", "content-length", "connection", "accept-encoding", "transfer-encoding", "keep-alive"}
@@ -29,7 +30,9 @@ class Exchange:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     seconds: float = 0.0
+    first_content_s: float | None = None  # the first streamed content (text or a call's arguments)
     label: str = field(default="")  # set by the caller: which invocation sent it
+    calls: list[RecordedCall] = field(default_factory=list)  # the tool calls answered, judged against those offered
 
 
 def usage_of(path: str, body: bytes) -> tuple[int, int] | None:
@@ -95,6 +98,8 @@ class RecordingProxy:
                 try:
                     async for chunk in upstream.content.iter_any():
                         body.extend(chunk)
+                        if exchange.first_content_s is None and b'"delta"' in body:
+                            exchange.first_content_s = time.time() - exchange.started
                         await response.write(chunk)
                     await response.write_eof()
                 except ConnectionError:
@@ -103,6 +108,8 @@ class RecordingProxy:
         found = usage_of(request.path, bytes(body)) if exchange.status < 300 and body else None
         if found is not None:
             exchange.prompt_tokens, exchange.cached_tokens = found
+        if exchange.status < 300 and body and request.method == "POST":
+            exchange.calls = recorded_calls(request.path, raw, bytes(body))
         return response
 
     def close(self) -> None:

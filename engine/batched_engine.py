@@ -193,10 +193,11 @@ class BatchedLlamaEngine(LlamaEngine):
         write runs on the tier's I/O thread). False when every resident state is on disk."""
         for slot in sorted(self._slots, key=lambda s: -s.last_used):
             if slot.session_id is not None and self._tier is not None and len(slot.tokens) > slot.persisted:
-                self._tier.persist(slot.session_id, save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens,
-                                                                  self._tier))
                 slot.persisted = len(slot.tokens)
-                self._counters["states_persisted"] += 1
+                state = save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens, self._tier)
+                if state is not None:
+                    self._tier.persist(slot.session_id, state)
+                    self._counters["states_persisted"] += 1
                 return True
         return False
 
@@ -249,9 +250,10 @@ class BatchedLlamaEngine(LlamaEngine):
 
     def _stash(self, slot: Slot) -> None:
         if slot.session_id is not None and slot.tokens and self._tier is not None:
-            self._tier.stash(slot.session_id, save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens,
-                                                            self._tier))
-            self._counters["sequence_stashes"] += 1
+            state = save_sequence(self._lib, self._context.ctx, slot.seq, slot.tokens, self._tier)
+            if state is not None:  # a failed copy: the session's next turn prefills
+                self._tier.stash(slot.session_id, state)
+                self._counters["sequence_stashes"] += 1
         self._lib.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
         slot.session_id, slot.tokens, slot.persisted = None, [], 0
         self._report_holding()

@@ -365,9 +365,10 @@ class LlamaEngine:
     def _persist_current(self) -> None:
         current = (self._current, self._llm.n_tokens)
         if self._tier is not None and current[0] is not None and current[1] > 0 and current != self._persisted:
-            self._tier.persist(current[0], self._save_state())
             self._persisted = current
-            self._counters["states_persisted"] += 1
+            if (state := self._save_state()) is not None:
+                self._tier.persist(current[0], state)
+                self._counters["states_persisted"] += 1
 
     def _reusable_prefix(self, cached: Sequence[int], tokens: Sequence[int], restored_from: str) -> int:
         """How much of `cached` (what a sequence's KV covers, live or restored) the prompt `tokens` may keep."""
@@ -425,7 +426,8 @@ class LlamaEngine:
 
     def _stash_current(self) -> None:
         if self._tier and self._current is not None and self._llm.n_tokens > 0:
-            self._tier.stash(self._current, self._save_state())
+            if (state := self._save_state()) is not None:  # a failed copy: the next turn prefills
+                self._tier.stash(self._current, state)
         self._reset_context()
 
     def _reset_context(self) -> None:
@@ -433,7 +435,7 @@ class LlamaEngine:
         self._llm.n_tokens = 0
         self._current = None
 
-    def _save_state(self) -> SavedState:
+    def _save_state(self) -> SavedState | None:
         return save_sequence(self._lib, self._llm._ctx.ctx, 0, self._llm.input_ids[: self._llm.n_tokens], self._tier)
 
     def _restore(self, state: SavedState) -> bool:

@@ -134,6 +134,8 @@ class PrefixCheckpoints:
         n = len(tokens)
         origin = "system" if n in marks else "prompt" if n == prompt_len else "interval"
         state = save_sequence(self._lib, ctx, seq, tokens, None)  # memory of its own: the store keeps it
+        if state is None:
+            return
         self.tier.add(state, origin, owner)
         self._counters["checkpoints_saved"] += 1
         log.debug("checkpoint saved: %d tokens (%s, %.1f MB)", n, origin, len(state.blob) / 1e6)

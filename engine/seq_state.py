@@ -9,6 +9,7 @@ sequence count in their fingerprint, so a store never offers a state the context
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,15 +17,23 @@ import numpy as np
 
 from engine.base import SavedState, StateTier
 
+log = logging.getLogger("pflash.engine")
 
-def save_sequence(lib: Any, ctx: Any, seq: int, tokens: Sequence[int], tier: StateTier | None) -> SavedState:
+
+def save_sequence(lib: Any, ctx: Any, seq: int, tokens: Sequence[int], tier: StateTier | None) -> SavedState | None:
+    """A copy of the sequence's state covering `tokens`; None (logged) when llama.cpp copied less
+    than the size it gave: a short copy would restore as a wrong state, or not at all."""
     size = lib.llama_state_seq_get_size(ctx, seq)
     # numpy's buffer, filled by llama.cpp in place: a ctypes array is zero-filled and string_at
     # copies it again, both holding the GIL (30-300 ms for a 58 MB state here, the event loop
     # frozen meanwhile). The tier's buffers are reused: fresh memory's first touch costs a VM
     # ~1.5 ms per MB.
     buf = tier.buffer(size) if tier is not None else np.empty(size, dtype=np.uint8)
-    written = lib.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq)
+    written = lib.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq) if size else 0
+    if size == 0 or written != size:
+        log.warning("state copy of sequence %d failed (%d of %d bytes, %d tokens): not kept", seq, written, size,
+                    len(tokens))
+        return None
     return SavedState(tuple(int(t) for t in tokens), memoryview(buf[:written]))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.errors import ApiError
+from gateway.forget import session_forgetter
 from gateway.metrics import scorer_name, snapshot
 from gateway.session_view import compressed_view, turns_view
 from gateway.state import APP_STATE, IS_ADMIN, TENANT, AppState
@@ -92,13 +93,9 @@ async def delete_session(request: web.Request) -> web.Response:
     registry = state.registry
     branches = {b.session_id for root, bs in _sessions(registry, record.tenant) if root.session_id == record.session_id
                 for b in bs} | {e.branch_id for e in record.branch_entries()}
-    forget = getattr(state.engine, "forget", None)
+    forget = session_forgetter(state.engine, registry, state.checkpoints)
     for session_id in [*(branches - {record.session_id}), record.session_id]:
-        if forget is not None:  # the KV the engine holds goes too: a new session under this key starts clean
-            await forget(session_id)
-        if state.checkpoints is not None:
-            state.checkpoints.forget_owner(session_id)
-        await registry.delete(session_id)
+        await forget(session_id)
     root = await registry.find(record.parent, record.tenant) if record.parent else None
     if root is not None:  # one branch: its session no longer lists it
         root.drop_branch(record.session_id)

@@ -30,6 +30,7 @@ from gateway.background_embedding import BackgroundEmbedder
 from gateway.compressor import CompressionSettings
 from gateway.config import Settings
 from gateway.errors import ApiError, ApiFlavor, error_body, http_status
+from gateway.forget import session_forgetter
 from gateway.limits import ConcurrencyLimiter
 from gateway.metrics import install as install_metrics
 from gateway.response_history import ResponseHistory
@@ -252,7 +253,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
                      encoder.busy_threads, encoder.idle_threads)
         dense = choice.scorers.background
         background = BackgroundEmbedder(dense, registry, engine.idle) if dense is not None else None
-        turns = TurnService(engine, registry, choice.scorers, compression, background)
+        turns = TurnService(engine, registry, choice.scorers, compression, background,
+                            session_forgetter(engine, registry, checkpoints))
         if choice.fallback is not None:  # /metrics: the configured scorer did not load
             turns.counters["scorer_fallbacks"] = 1
         if choice.gate_fallback is not None:  # /metrics: the recall gate's encoder did not load
@@ -270,6 +272,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory) -> web.Applica
         state.ready = False
         if background is not None:
             await background.stop()  # a message not embedded by now keeps BM25 at the gate
+        await turns.branches.settle()  # dropped branches: forgotten whole, not half
         try:
             await engine.close()  # the live session's KV goes to the RAM tier ...
         except Exception:  # whatever failed there, what the tiers hold still goes to disk

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from policies.branches import (
@@ -29,6 +30,7 @@ from sessions.registry import SessionRegistry
 log = logging.getLogger("pflash.branches")
 
 MAX_BRANCHES = 16  # per session: beyond it the least recently used idle branch is dropped
+Forget = Callable[[str], Awaitable[None]]  # a session everywhere it lives: KV, checkpoints, record, files
 
 
 @dataclass
@@ -54,9 +56,12 @@ class BranchTurn:
 
 
 class BranchRouter:
-    def __init__(self, registry: SessionRegistry, max_branches: int = MAX_BRANCHES) -> None:
+    def __init__(self, registry: SessionRegistry, max_branches: int = MAX_BRANCHES,
+                 forget: Forget | None = None) -> None:
         self.registry = registry
         self.max_branches = max_branches
+        self._forget = forget or registry.delete
+        self._dropping: set[asyncio.Task[None]] = set()  # dropped branches being forgotten, off any turn's path
         # branch id -> (its lock, turns holding or waiting for it); entries live while in use.
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         # A busy branch is matched against the request it will have served once its queue drains
@@ -89,14 +94,13 @@ class BranchRouter:
             branch_id = entry.branch_id
         else:
             branch_id = choice.branch_id
-        dropped = self._over_limit(root, keep=branch_id)
+        for victim in self._over_limit(root, keep=branch_id):
+            self._drop_later(victim)
         lock = self._hold(branch_id)
         self._planned[branch_id] = digests
         acquired = False
         try:
             acquired = await lock.acquire()
-            for victim in dropped:
-                await self.registry.delete(victim)
             entry = next((e for e in root.branch_entries() if e.branch_id == branch_id), None)
             record = None
             if entry is not None:
@@ -157,6 +161,24 @@ class BranchRouter:
             self._planned.pop(branch_id, None)
         else:
             self._locks[branch_id] = (lock, users - 1)
+
+    def _drop_later(self, branch_id: str) -> None:
+        """Forget a dropped branch in the background: no turn waits for it, and a turn whose wait is
+        cancelled leaves nothing behind (the root no longer lists it, so nothing reopens it)."""
+        task = asyncio.get_running_loop().create_task(self._drop(branch_id))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropping.discard)
+
+    async def _drop(self, branch_id: str) -> None:
+        try:
+            await self._forget(branch_id)
+        except Exception:
+            log.exception("dropped branch %s: forgetting it failed (its files stay until deleted)", branch_id[:12])
+
+    async def settle(self) -> None:
+        """Wait for dropped branches to be forgotten (shutdown: none is left half deleted)."""
+        while self._dropping:
+            await asyncio.gather(*list(self._dropping), return_exceptions=True)
 
     def _over_limit(self, root: SessionRecord, keep: str) -> list[str]:
         """Branches dropped to keep the session within `max_branches`: idle ones, least recently

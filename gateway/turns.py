@@ -20,7 +20,7 @@ from engine.base import Engine, EngineEvent, PrefillDone, PreparedPrompt, Prompt
 from engine.constraints import ConstraintError, output_constraint
 from engine.scoring.bundle import ScorerBundle
 from gateway.background_embedding import BackgroundEmbedder
-from gateway.branches import BranchRouter, BranchTurn
+from gateway.branches import BranchRouter, BranchTurn, Forget
 from gateway.compressor import CompressionReport, CompressionSettings, MessageCompressor
 from gateway.errors import context_overflow, invalid
 from gateway.recall import RecallGate, RecallReport, recalled_turn, turn_key
@@ -77,7 +77,7 @@ class Turn:
 class TurnService:
     def __init__(
         self, engine: Engine, registry: SessionRegistry, scorers: ScorerBundle, settings: CompressionSettings,
-        background: BackgroundEmbedder | None = None,
+        background: BackgroundEmbedder | None = None, forget: Forget | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -86,7 +86,7 @@ class TurnService:
         self.compressor = MessageCompressor(engine.count_tokens, scorers, settings)
         self.recall = RecallGate(self.compressor, settings.recall_theta, settings.recall_budget,
                                  settings.recall_context)
-        self.branches = BranchRouter(registry)
+        self.branches = BranchRouter(registry, forget=forget)
         self.counters: dict[str, float] = {}
 
     def stats(self) -> dict[str, float]:
@@ -202,7 +202,7 @@ class TurnService:
             try:
                 result = await asyncio.to_thread(self.recall.rewrite, messages, last, record)
             except Exception as exc:  # like compression: a scorer failure never fails the request
-                log.warning("recall gate failed (%s): question served as sent", exc)
+                log.exception("recall gate failed (%s): question served as sent", exc)
                 self._count("recall_failures")
                 result = None
             if result is not None:

@@ -32,6 +32,8 @@ def message_digest(message: Message) -> str:
              "1" if message.is_error else "0"]
     for call in message.tool_calls:
         parts += [call.id, call.name, call.arguments]
+    for attachment in message.attachments:  # another image behind the same placeholder is another message
+        parts += [attachment.placeholder, attachment.url]
     return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
 
 

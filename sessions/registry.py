@@ -5,17 +5,15 @@ when it switches to another session and fetches it back (RAM first, then disk).
 Who owns what:
 - `_lock` guards the in-memory maps only: it is never held for I/O, so the event loop, which takes
   it on every turn, never waits for a disk.
-- store operations run on two dedicated threads, each in the order asked for: `_records_io`
-  writes, loads and deletes records (small, and what the end of a response waits for), `_io`
-  writes and loads KV states (a spill can take seconds). A turn's record write never queues behind
-  another session's spill; a spill hands its record to the record lane and waits for it, so a KV
-  file never lands before its record. The batched fsync of files already renamed into place runs
+- store operations run on two dedicated threads, each in the order asked for: `_records_io` writes,
+  loads and deletes records (small: what a response's end waits for), `_io` KV states (a spill can
+  take seconds). A record write never queues behind a spill; a spill hands its record to the record
+  lane and waits for it, so a KV file never lands before its record. The batched fsync of files already renamed into place runs
   on `_sync_io`, so a record write never queues behind a second's worth of fsyncs either.
 - a record is changed only through its own methods (its own lock); persistence writes a snapshot.
 
-Records are written ahead (`record_sync`): before a response completes, the record it changed is
-on disk ("always": fsynced; "batched": renamed into place at once, fsynced within a second;
-"off": written only with a spill or at shutdown). KV states are written on a spill and at shutdown.
+Records are written ahead of the response that changed them (`record_sync` "always": fsynced; "batched":
+renamed into place, fsynced within a second; "off": with a spill or at shutdown). KV states: on a spill, at shutdown.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ log = logging.getLogger("pflash.sessions")
 
 RecordSync = Literal["always", "batched", "off"]
 SYNC_INTERVAL_S = 1.0  # the batched policy's longest wait before an fsync
+DELETED_KEPT = 4096  # deleted ids kept (the engine forgets on delete: the latest suffice; all would only grow)
 T = TypeVar("T")
 
 
@@ -65,7 +64,7 @@ class SessionRegistry:
         self._spilling: dict[str, SavedState] = {}  # leaving RAM, being written: still served from here
         self._in_context: dict[str, int] = {}  # session -> tokens the engine's context holds
         self._ahead: tuple[str, Future[SavedState | None]] | None = None  # a disk load started by prefetch()
-        self._deleted: set[str] = set()  # deleted while the engine may still hold their state
+        self._deleted: OrderedDict[str, None] = OrderedDict()  # the engine may still hold their state (oldest first)
         self._sync_timer: threading.Timer | None = None
         entries = self.store.index()  # scan once now (the caller runs us off the event loop)
         self.store.stale_dirs()
@@ -94,7 +93,7 @@ class SessionRegistry:
         if record is not None and record.tenant != tenant:
             record = None  # a hash collision across tenants is not possible; be strict anyway
         with self._lock:
-            self._deleted.discard(session_id)
+            self._deleted.pop(session_id, None)
             if record is None:
                 record = self._live.get(session_id)
                 if record is None or record.tenant != tenant:
@@ -223,7 +222,9 @@ class SessionRegistry:
 
     async def delete(self, session_id: str) -> None:
         with self._lock:
-            self._deleted.add(session_id)
+            self._deleted[session_id] = None
+            while len(self._deleted) > DELETED_KEPT:
+                self._deleted.popitem(last=False)
             self._records.pop(session_id, None)
             self._account(session_id, None)
             self._live.pop(session_id, None)

@@ -15,8 +15,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.branches import BranchRouter
 from policies.branches import choose_branch, continues_conversation
 from policies.conversation_types import Conversation, Message, SessionHints, ToolCall, ToolSpec
+from sessions.identity import resolve_session
+from sessions.registry import DELETED_KEPT
 from tests.test_branches import LOG, READ, service, view
 
 HINTS = SessionHints(x_session_id="s")
@@ -152,3 +155,52 @@ def test_a_root_made_anew_never_hands_out_an_old_branch_id() -> None:
     again.open_branch("main", "", True)
     ids = {first.open_branch("agent", "a", True).branch_id, again.open_branch("agent", "a", True).branch_id}
     assert len(ids) == 2
+
+
+def test_a_dropped_branch_is_forgotten_off_the_entering_turns_path_even_when_that_turn_is_cancelled() -> None:
+    """Issue 51, item 10: the branch limit's victims are forgotten (KV, record, files) in the
+    background, not by the turn that dropped them: that turn may wait long for its own branch, or
+    be cancelled while it waits, and the victim is forgotten all the same."""
+    with tempfile.TemporaryDirectory() as tmp:
+        turns, _engine, registry = service(Path(tmp))
+        forgotten: list[str] = []
+
+        async def forget(session_id: str) -> None:
+            forgotten.append(session_id)
+            await registry.delete(session_id)
+
+        turns.branches = BranchRouter(registry, max_branches=2, forget=forget)
+        helpers = [Conversation((Message("system", f"You are helper {i}."), Message("user", "hi")), READ,
+                                hints=SessionHints(x_session_id="s", agent_id=f"agent{i}")) for i in range(2)]
+
+        async def run() -> None:
+            await serve(turns, helpers)
+            identity = resolve_session(helpers[0], "")
+            busy = await turns.branches.enter(helpers[0], identity, "")  # agent0's branch is held
+            victim = next(e.branch_id for e in busy.root.branch_entries() if e.hint.endswith("agent1"))
+            assert await registry.find(victim, None) is not None
+            turns.branches.max_branches = 1
+            waiting = asyncio.create_task(turns.branches.enter(helpers[0], identity, ""))  # drops agent1, then waits
+            await asyncio.sleep(0.05)
+            assert victim not in {e.branch_id for e in busy.root.branch_entries()}
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await turns.branches.settle()
+            turns.branches.release(busy)
+            assert forgotten == [victim] and await registry.find(victim, None) is None
+
+        asyncio.run(run())
+        registry.close()
+
+
+def test_deleted_ids_are_remembered_within_a_bound() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _turns, _engine, registry = service(Path(tmp))
+
+        async def run() -> None:
+            for i in range(DELETED_KEPT + 50):
+                await registry.delete(f"{i:064x}")
+
+        asyncio.run(run())
+        assert len(registry._deleted) == DELETED_KEPT and f"{0:064x}" not in registry._deleted
+        registry.close()

@@ -21,7 +21,15 @@ from gateway.compressor import CompressionSettings
 from gateway.config import Settings
 from gateway.turns import TurnService
 from policies.branches import BranchView, choose_branch, is_side_request, message_digest, request_digests
-from policies.conversation_types import Conversation, Finished, Message, SessionHints, ToolCall, ToolSpec
+from policies.conversation_types import (
+    Attachment,
+    Conversation,
+    Finished,
+    Message,
+    SessionHints,
+    ToolCall,
+    ToolSpec,
+)
 from sessions.identity import resolve_session
 from sessions.registry import SessionRegistry
 from sessions.store import SessionStore
@@ -444,3 +452,12 @@ def test_a_long_new_message_is_counted_once_per_turn_and_off_the_event_loop() ->
     assert compressed
     assert len(threads) == 1, f"the long message was counted {len(threads)} times"
     assert loop_thread not in threads
+
+
+def test_another_image_behind_the_same_placeholder_is_another_message() -> None:
+    placeholder = "[image: 1 attachment omitted, png, 48 KB]"
+    plain = Message("user", f"What is in this picture?\n{placeholder}")
+    cat = Message("user", plain.content, attachments=(Attachment(placeholder, "data:image/png;base64,Y2F0"),))
+    dog = Message("user", plain.content, attachments=(Attachment(placeholder, "data:image/png;base64,ZG9n"),))
+    assert len({message_digest(plain), message_digest(cat), message_digest(dog)}) == 3
+    assert message_digest(Message("user", "hi")) == message_digest(Message("user", "hi"))

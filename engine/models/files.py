@@ -10,7 +10,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from engine.models.parts import GEMMA_3_270M, QWEN_CODER_05B, ChunkedModel, ModelFileError, assemble, stamped_sha256
+from engine.models.parts import (
+    GEMMA_3_270M,
+    QWEN_CODER_05B,
+    QWEN_CODER_15B,
+    ChunkedModel,
+    ModelFileError,
+    assemble,
+    stamped_sha256,
+)
 
 __all__ = [
     "DEFAULT_DRAFTER",
@@ -32,6 +40,7 @@ SHIPPED_RANKER = Path(__file__).resolve().parent / "rankers" / "ranker.json"
 # The names `--model` and `--drafter` accept besides a path.
 EMBEDDED_MODELS: dict[str, ChunkedModel] = {
     "qwen2.5-coder-0.5b-instruct": QWEN_CODER_05B,
+    "qwen2.5-coder-1.5b-instruct": QWEN_CODER_15B,  # installed only when asked for (Makefile MODEL=)
     "gemma-3-270m": GEMMA_3_270M,
 }
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"  # instruction-tuned, with a chat template and tools
