@@ -10,13 +10,14 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from engine.base import EngineBusy, EngineEvent, EngineRejected, EngineUnavailable, PrefillDone
+from gateway.api.wire import SSE_COMMENT_KEEPALIVE
 from gateway.errors import ApiError, ApiFlavor, ErrorKind, overloaded
 from gateway.metrics import note_first_output
 from gateway.state import APP_STATE, TENANT
@@ -131,12 +132,15 @@ async def handle_turn(
         conv = replace(conv, params=replace(conv.params, max_tokens=min(asked, limit or asked)))
     tenant = request.get(TENANT, "")
     async with state.limiter.slot(tenant):
+        waiting = WaitingStream(request, state.settings.keepalive_seconds if conv.stream else None)
         try:
-            turn = await state.turns.prepare(conv, tenant)
+            turn = await waiting.prepare(state.turns.prepare(conv, tenant))
         except ApiError as err:
-            if conv.stream and adapter.flavor == "responses" and err.code == "context_length_exceeded":
-                # Codex reads overflow from a `response.failed` event (and then compacts).
-                return await _failed_stream(request, adapter, conv, err)
+            if waiting.response is not None or (conv.stream and adapter.flavor == "responses"
+                                                and err.code == "context_length_exceeded"):
+                # The stream has started (its status is sent), or Codex reads overflow from a
+                # `response.failed` event (and then compacts): the error goes as the API's event.
+                return await _failed_stream(request, adapter, conv, err, waiting.response)
             raise
         try:
             try:
@@ -148,7 +152,7 @@ async def handle_turn(
             if on_reply is not None:
                 events = _tap_reply(events, lambda reply: on_reply(response_id, reply))
             if conv.stream:
-                return await _stream(request, adapter, turn, events, response_id, created)
+                return await _stream(request, adapter, turn, events, response_id, created, waiting.response)
             return await _complete(request, adapter, turn, events, response_id, created)
         finally:
             state.turns.finish(turn)  # the next turn of this conversation may start
@@ -195,22 +199,25 @@ async def _stream(
     events: AsyncIterator[EngineEvent],
     response_id: str,
     created: int,
+    started: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     state = request.app[APP_STATE]
     encoder = adapter.stream_encoder(turn.conversation, response_id, created)
-    response = web.StreamResponse(headers={**SSE_HEADERS, **turn.headers()})
+    response = started or web.StreamResponse(headers={**SSE_HEADERS, **turn.headers()})
     iterator = events.__aiter__()
     pending: asyncio.Future[EngineEvent] | None = asyncio.ensure_future(iterator.__anext__())
-    # An engine that fails at once (an upstream that is down) still gets a real HTTP status.
+    # An engine that fails at once (an upstream that is down) still gets a real HTTP status,
+    # unless the stream started while the turn waited (its failure is then the API's event).
     await asyncio.wait({pending}, timeout=state.settings.keepalive_seconds)
-    if pending.done() and isinstance(pending.exception(), (EngineUnavailable, EngineRejected)):
+    if started is None and pending.done() and isinstance(pending.exception(), (EngineUnavailable, EngineRejected)):
         failure = engine_error(pending.exception())  # type: ignore[arg-type]
         await _close(events)
         if adapter.flavor == "responses" and failure.code == "context_length_exceeded":
             return await _failed_stream(request, adapter, turn.conversation, failure)  # Codex compacts on it
         raise failure from None
     try:
-        await response.prepare(request)
+        if not response.prepared:
+            await response.prepare(request)
         await response.write(encoder.begin(turn.prompt.n_tokens, 0))
         while True:
             if pending is None:
@@ -251,6 +258,42 @@ async def _stream(
 
 # How often a non-streaming turn checks that its client is still connected while no event comes.
 DISCONNECT_POLL_SECONDS = 0.5
+
+
+class WaitingStream:
+    """A turn being prepared (its conversation's branch busy with another turn, a long new output
+    being compressed) while its client waits. A client that leaves cancels the wait, so its turn
+    never runs; a stream still waiting after `keepalive` seconds starts (200, SSE headers, no
+    X-PFlash headers yet) and gets a comment line every `keepalive` seconds, which every SSE reader
+    skips, so the client's idle timeout does not fire before the first event."""
+
+    def __init__(self, request: web.Request, keepalive: float | None) -> None:
+        self._request = request
+        self._keepalive = keepalive  # None: not streaming (nothing can be sent before the answer)
+        self.response: web.StreamResponse | None = None  # the stream, once started
+
+    async def prepare(self, preparing: Awaitable[Turn]) -> Turn:
+        task = asyncio.ensure_future(preparing)
+        quiet = 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+                if done:
+                    return task.result()
+                if client_gone(self._request):
+                    log.info("client went away while its turn waited; the turn is dropped")
+                    raise ConnectionResetError("client disconnected")
+                quiet += DISCONNECT_POLL_SECONDS
+                if self._keepalive is not None and quiet >= self._keepalive:
+                    quiet = 0.0
+                    if self.response is None:
+                        self.response = web.StreamResponse(headers=SSE_HEADERS)
+                        await self.response.prepare(self._request)
+                    await self.response.write(SSE_COMMENT_KEEPALIVE)
+        finally:
+            if not task.done():
+                task.cancel()  # the turn lets its branch go (TurnService.prepare)
+                await asyncio.wait({task})
 
 
 def client_gone(request: web.Request) -> bool:
@@ -319,10 +362,12 @@ async def _tap_reply(events: AsyncIterator[EngineEvent], done: Callable[[Message
         await _close(events)  # closing this wrapper must still end the engine turn
 
 
-async def _failed_stream(request: web.Request, adapter: ApiAdapter, conv: Conversation, err: ApiError) -> web.StreamResponse:
+async def _failed_stream(request: web.Request, adapter: ApiAdapter, conv: Conversation, err: ApiError,
+                         started: web.StreamResponse | None = None) -> web.StreamResponse:
     encoder = adapter.stream_encoder(conv, f"{adapter.id_prefix}{secrets.token_hex(12)}", int(time.time()))
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
+    response = started or web.StreamResponse(headers=SSE_HEADERS)
+    if not response.prepared:
+        await response.prepare(request)
     await response.write(encoder.begin(0, 0))
     await _write_quietly(response, encoder.error(err))
     return response

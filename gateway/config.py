@@ -211,7 +211,7 @@ class Settings(BaseSettings):
     per_key_concurrency: int = Field(8, ge=1, description="Concurrent requests per API key before 429.")
     max_body_mb: float = Field(32.0, gt=0, description="Largest request body, MiB (413 above).")
     max_messages: int = Field(4096, ge=1, description="Most messages in one request.")
-    keepalive_seconds: float = Field(5.0, gt=0, description="Seconds between SSE keep-alives during prefill.")
+    keepalive_seconds: float = Field(5.0, gt=0, description="Seconds between SSE keep-alives during prefill, and while a turn waits for its conversation or its compression.")
 
     # --- logging -------------------------------------------------------------------------------
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
