@@ -82,13 +82,13 @@ def install(ctx: BenchContext) -> Path | str:
     return bins
 
 
-def workspace(root: Path) -> tuple[Path, Path]:
-    """A fresh home and a small git repository to work in."""
+def workspace(root: Path, calc: str = CALC) -> tuple[Path, Path]:
+    """A fresh home and a small git repository to work in, holding calc.py."""
     home, repo = root / "home", root / "repo"
     shutil.rmtree(root, ignore_errors=True)
     home.mkdir(parents=True)
     repo.mkdir()
-    (repo / "calc.py").write_text(CALC)
+    (repo / "calc.py").write_text(calc)
     for argv in (["git", "init", "-q"], ["git", "add", "."],
                  ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "init"]):
         subprocess.run(argv, cwd=repo, check=True)
@@ -109,12 +109,26 @@ def run_client(proxy: RecordingProxy, client: str, label: str, argv: list[str], 
     return Invocation(client, label, argv, rc, time.perf_counter() - started, tail, ending)
 
 
+def claude_env(home: Path, proxy: RecordingProxy) -> dict[str, str]:
+    """Claude Code against the proxy: every model tier the local one, no updater, no telemetry."""
+    return {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_AUTH_TOKEN": "unused",
+            "ANTHROPIC_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_OPUS_MODEL": "pflash-local",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "pflash-local",
+            "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+
+
+def codex_env(home: Path, proxy: RecordingProxy) -> dict[str, str]:
+    """Codex with a `pflash` provider on the proxy (the Responses API)."""
+    (home / ".codex").mkdir(exist_ok=True)
+    (home / ".codex" / "config.toml").write_text(
+        'model = "pflash-local"\nmodel_provider = "pflash"\n\n[model_providers.pflash]\nname = "pflash"\n'
+        f'base_url = "{proxy.url}/v1"\nwire_api = "responses"\nenv_key = "PFLASH_API_KEY"\n')
+    return {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "PFLASH_API_KEY": "unused"}
+
+
 def claude_runs(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocation]:
     home, repo = workspace(root / "claude")
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_AUTH_TOKEN": "unused",
-           "ANTHROPIC_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_OPUS_MODEL": "pflash-local",
-           "ANTHROPIC_DEFAULT_SONNET_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "pflash-local",
-           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+    env = claude_env(home, proxy)
     flags = ["--output-format", "stream-json", "--verbose", "--max-turns", "3", "--allowedTools", "Bash,Read,Glob,LS"]
     claude = str(bins / "claude")
     return [run_client(proxy, "claude", "-p", [claude, "-p", "List the files here, then tell me.", *flags], repo, env),
@@ -124,11 +138,7 @@ def claude_runs(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocatio
 
 def codex_runs(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocation]:
     home, repo = workspace(root / "codex")
-    (home / ".codex").mkdir()
-    (home / ".codex" / "config.toml").write_text(
-        'model = "pflash-local"\nmodel_provider = "pflash"\n\n[model_providers.pflash]\nname = "pflash"\n'
-        f'base_url = "{proxy.url}/v1"\nwire_api = "responses"\nenv_key = "PFLASH_API_KEY"\n')
-    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "PFLASH_API_KEY": "unused"}
+    env = codex_env(home, proxy)
     codex = str(bins / "codex")
     return [run_client(proxy, "codex", "exec", [codex, "exec", "--skip-git-repo-check", "--json",
                                                 "List the files here."], repo, env),

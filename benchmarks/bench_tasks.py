@@ -6,14 +6,22 @@ the tools the request offered (benchmarks/recorded_calls.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.bench_clients import ANSWER_LIMIT, CLAUDE, CODEX, Invocation, install, run_client
+from benchmarks.bench_clients import (
+    ANSWER_LIMIT,
+    CLAUDE,
+    CODEX,
+    Invocation,
+    claude_env,
+    codex_env,
+    install,
+    run_client,
+    workspace,
+)
 from benchmarks.common import BenchContext, Section, md_table, spread
 from benchmarks.recording_proxy import Exchange, RecordingProxy
 from gateway.process import GatewayProcess
@@ -41,18 +49,6 @@ class TaskRun:
         return bool(re.search(r"(?<![\d.])-1(?!\d)", prints)) and bool(re.search(r"a\s*[-+]\s*b", fix))
 
 
-def workspace(root: Path) -> tuple[Path, Path]:
-    home, repo = root / "home", root / "repo"
-    shutil.rmtree(root, ignore_errors=True)
-    home.mkdir(parents=True)
-    repo.mkdir()
-    (repo / "calc.py").write_text(CALC)
-    for argv in (["git", "init", "-q"], ["git", "add", "."],
-                 ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "init"]):
-        subprocess.run(argv, cwd=repo, check=True)
-    return home, repo
-
-
 def final_answer(out: Path) -> str:
     """The client's last answer text, from its JSON output (Claude Code's result, Codex's agent message)."""
     answer = ""
@@ -70,11 +66,8 @@ def final_answer(out: Path) -> str:
 
 
 def claude_task(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocation]:
-    home, repo = workspace(root)
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_AUTH_TOKEN": "unused",
-           "ANTHROPIC_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_OPUS_MODEL": "pflash-local",
-           "ANTHROPIC_DEFAULT_SONNET_MODEL": "pflash-local", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "pflash-local",
-           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+    home, repo = workspace(root, CALC)
+    env = claude_env(home, proxy)
     flags = ["--output-format", "stream-json", "--verbose", "--max-turns", "3", "--allowedTools", "Read"]
     claude = str(bins / "claude")
     return [run_client(proxy, "claude", "-p", [claude, "-p", ASK, *flags], repo, env),
@@ -82,12 +75,8 @@ def claude_task(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocatio
 
 
 def codex_task(bins: Path, proxy: RecordingProxy, root: Path) -> list[Invocation]:
-    home, repo = workspace(root)
-    (home / ".codex").mkdir()
-    (home / ".codex" / "config.toml").write_text(
-        'model = "pflash-local"\nmodel_provider = "pflash"\n\n[model_providers.pflash]\nname = "pflash"\n'
-        f'base_url = "{proxy.url}/v1"\nwire_api = "responses"\nenv_key = "PFLASH_API_KEY"\n')
-    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "PFLASH_API_KEY": "unused"}
+    home, repo = workspace(root, CALC)
+    env = codex_env(home, proxy)
     codex = str(bins / "codex")
     return [run_client(proxy, "codex", "exec", [codex, "exec", "--skip-git-repo-check", "--json", ASK], repo, env),
             run_client(proxy, "codex", "exec resume --last",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,6 +101,11 @@ class StateTier(Protocol):
 
     def prefetch(self, session_id: str) -> None:
         """A turn for this session is coming: start reading its state from disk (a hint)."""
+        ...
+
+    def state_ready(self, session_id: str, wake: Callable[[], None]) -> bool:
+        """Whether fetch() would return without waiting for a disk read; if not, the read starts
+        and `wake` is called once it is done."""
         ...
 
     def buffer(self, n: int) -> Any:

@@ -1,16 +1,13 @@
 """The in-process llama.cpp engine with several sequences in one context, decoded together.
 
-One llama.cpp context holds up to `sequences` sessions' KV, each sequence in its own stream of `n_ctx`
-cells (so any session may use the whole context, and a token attends only to its own session's
-cells: a unified pool would make every token read every session's cells). A session is bound to a
-sequence while its turn runs and stays resident after it, so its next turn reuses its prefix; a
-sequence another session needs is stashed to the state tier first (least recently used). One
-scheduler thread owns the context: each step it decodes one llama_batch holding the next token of
-every answering turn and, in the room left (`n_batch`), prompt chunks of the turns still
-prefilling, oldest first. A long prefill never freezes the other streams, and several answers cost
-little more per step than one (decode reads the weights once for all of them). The sliding-window
-rule of the single-sequence engine holds per sequence (a rollback deeper than the retained window
-prefills in full).
+One context holds up to `sequences` sessions' KV, each sequence in its own stream of `n_ctx` cells
+(any session may use the whole context; a token reads only its own session's cells). A session stays
+bound to its sequence after its turn, so its next turn reuses its prefix; a sequence another session
+needs is stashed to the state tier first (least recently used). One scheduler thread owns the
+context: each step decodes one llama_batch with the next token of every answering turn and, in the
+room left (`n_batch`), prompt chunks of the turns still prefilling, oldest first. A long prefill, or
+a state read from disk (a turn is admitted once its state is read), never freezes the other streams;
+several answers cost little more per step than one. The single-sequence engine's rollback rules hold.
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # exactly what the sequence's KV covers
     job: Job | None = None
     last_used: float = 0.0
-    # the running turn
     prompt_at: int = 0  # prompt tokens in the KV so far (prefill is done when it reaches the prompt)
     pending: int | None = None  # the sampled token the next step evaluates
     produced: int = 0
@@ -175,6 +171,9 @@ class BatchedLlamaEngine(LlamaEngine):
                 self._admit()
                 if self._busy():
                     self._step()
+                elif self._waiting:  # a waiting turn's state is being read (_state_ready wakes us)
+                    with self._wake:
+                        self._wake.wait(0.05)
             except Exception as exc:  # a bug or a broken context: fail the turns, keep serving
                 log.exception("batched engine step failed")
                 try:
@@ -219,6 +218,8 @@ class BatchedLlamaEngine(LlamaEngine):
                     job.emit(RawDone("cancelled", 0, None))
                 job.loop.call_soon_threadsafe(self._job_done, job)
                 continue
+            if not self._state_ready(job):
+                return  # its state is being read from disk: the running turns go on meanwhile
             slot = self._slot_for(job)
             if slot is None:
                 return
@@ -231,6 +232,16 @@ class BatchedLlamaEngine(LlamaEngine):
                 slot.session_id, slot.tokens, slot.persisted, slot.job = None, [], 0, None
                 job.emit(RawError(exc))
                 job.loop.call_soon_threadsafe(self._job_done, job)
+
+    def _state_ready(self, job: Job) -> bool:
+        """Whether the turn's state needs no disk read here (it would stall every stream); if it
+        does, the read runs on the tier's I/O thread and wakes the scheduler when done."""
+        ready = getattr(self._tier, "state_ready", None)
+        return self._resident(job.session_id) or ready is None or ready(job.session_id, self._notify)
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
 
     def _pop_waiting(self) -> None:
         with self._wake:

@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 from engine.base import SavedState
 from sessions.files import StoreLock
 from sessions.record import SessionRecord
-from sessions.session_info import SessionInfo
+from sessions.session_info import SessionInfo, session_info
 from sessions.state_buffers import held_bytes
 from sessions.store import SessionStore
 
@@ -244,35 +244,9 @@ class SessionRegistry:
     def list(self, tenant: str | None) -> list[SessionInfo]:
         disk = self.store.index()
         with self._lock:
-            ids = set(self._live) | set(disk)
-            infos = [self._info(sid, disk) for sid in ids]
+            infos = [session_info(sid, self._live.get(sid), disk.get(sid), self._ram.get(sid) or self._spilling.get(sid),
+                                  self._in_context.get(sid)) for sid in set(self._live) | set(disk)]
         return sorted((i for i in infos if tenant is None or i.tenant == tenant), key=lambda i: -i.last_used)
-
-    def _info(self, session_id: str, index: dict[str, Any]) -> SessionInfo:
-        record = self._live.get(session_id)
-        disk = index.get(session_id)
-        ram = self._ram.get(session_id) or self._spilling.get(session_id)
-        if session_id in self._in_context:
-            tier, tokens = "context", self._in_context[session_id]
-        elif ram is not None:
-            tier, tokens = "ram", len(ram.tokens)
-        elif disk is not None and disk.kv_tokens:
-            tier, tokens = "disk", disk.kv_tokens
-        else:
-            tier, tokens = "none", 0
-        return SessionInfo(
-            session_id=session_id,
-            tenant=record.tenant if record else (disk.tenant if disk else ""),
-            parent=record.parent if record else (disk.parent if disk else ""),
-            kind=record.kind if record else (disk.kind if disk else "main"),
-            hint=record.hint if record else (disk.hint if disk else ""),
-            tier=tier,
-            tokens=tokens,
-            ram_bytes=held_bytes(ram.blob) if ram is not None else 0,
-            disk_bytes=disk.total_bytes if disk else 0,
-            last_used=record.last_used if record else (disk.last_used if disk else 0.0),
-            created_at=record.created_at if record else 0.0,
-        )
 
     # --- StateTier (called on the engine's worker thread) -------------------------------------------
     def holding(self, session_id: str | None, tokens: int) -> None:
@@ -334,11 +308,10 @@ class SessionRegistry:
                     del self._spilling[session_id]
 
     def prefetch(self, session_id: str) -> None:
-        """Start reading a session's KV state from disk now, while its turn is still being prepared
-        (tokenizing a long prompt takes as long as the read): a resume then waits for one, not both.
-        Called on the event loop; the read runs on the I/O thread. One at a time: a newer prefetch
-        replaces one the engine never asked for, so at most one state is held outside the budget.
-        Any stored state is exact for its tokens, so even one a later spill makes stale is safe."""
+        """Start reading a session's KV state from disk now, while its turn is still being prepared:
+        a resume then waits for the longer of the two, not both. The read runs on the I/O thread.
+        One at a time: a newer prefetch replaces one the engine never asked for, so at most one
+        state is held outside the budget. Any stored state is exact for its tokens."""
         with self._lock:
             if (session_id in self._ram or session_id in self._spilling or session_id in self._deleted
                     or (self._ahead is not None and self._ahead[0] == session_id)
@@ -350,6 +323,17 @@ class SessionRegistry:
                 self._ahead = (session_id, self._submit(self.store.load_state, session_id))
             except RuntimeError:  # shutting down: the engine takes no more turns anyway
                 pass
+
+    def state_ready(self, session_id: str, wake: Callable[[], None]) -> bool:
+        """Whether fetch() returns without waiting for a disk; if not, the read is started and
+        `wake` runs once it is done (the batched engine admits the turn then: no stream stalls)."""
+        self.prefetch(session_id)
+        with self._lock:
+            ahead = self._ahead[1] if self._ahead is not None and self._ahead[0] == session_id else None
+        if ahead is None or ahead.done():
+            return True
+        ahead.add_done_callback(lambda _read: wake())
+        return False
 
     def fetch(self, session_id: str) -> tuple[SavedState, str] | None:
         with self._lock:

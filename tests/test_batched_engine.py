@@ -215,3 +215,60 @@ def test_a_state_restores_into_another_sequence_after_a_restart_and_not_across_s
     assert not restore_sequence(lib, other._context.ctx, 0, state, other.n_ctx)
     asyncio.run(other.close())
     asyncio.run(single.close())
+
+
+def test_a_state_read_from_disk_does_not_stall_the_other_streams(model_path: Path, tmp_path: Path) -> None:
+    """Issue 51, item 6: a turn whose state is on disk is admitted once the tier's I/O thread has
+    read it; meanwhile the running answer keeps streaming (the read is slowed to 1.5 s here)."""
+    from sessions.registry import SessionRegistry
+    from sessions.store import SessionStore
+
+    a, b, c, d = (ch * 64 for ch in "abcd")
+
+    async def run() -> tuple[float, str]:
+        probe = BatchedLlamaEngine(options(model_path), sequences=2)
+        fingerprint = probe.fingerprint
+        await probe.close()
+        registry = SessionRegistry(SessionStore(tmp_path, fingerprint, 1, 1 << 30), 0, "off")  # RAM: none
+        engine = BatchedLlamaEngine(options(model_path), registry, sequences=2)
+        for sid in (a, b, c, d):
+            await registry.get_or_create(sid, "", "test")
+        await answer(engine, b, "Say hi.", 4)
+        await asyncio.gather(answer(engine, c, "Say yes.", 4), answer(engine, d, "Say no.", 4))  # b leaves: to disk
+        await asyncio.to_thread(registry.settle)
+        assert registry.store.has_kv(b)
+        load = registry.store.load_state
+
+        def slow_load(session_id: str) -> Any:
+            time.sleep(1.5)
+            return load(session_id)
+
+        registry.store.load_state = slow_load  # type: ignore[method-assign]
+        prompt = await engine.prepare([Message("user", "Tell a long story about a lighthouse.")], [])
+        stamps: list[float] = []
+        resumed = asyncio.Event()
+
+        async def long_answer() -> None:
+            async for event in engine.stream(a, prompt, SamplingParams(max_tokens=120, temperature=0.0)):
+                if isinstance(event, TextDelta):
+                    stamps.append(time.monotonic())
+                    if len(stamps) == 5:
+                        resumed.set()
+
+        async def resume_b() -> str:
+            await resumed.wait()
+            restored = ""
+            p = await engine.prepare([Message("user", "Say hi.")], [])
+            async for event in engine.stream(b, p, SamplingParams(max_tokens=4, temperature=0.0)):
+                if isinstance(event, PrefillDone):
+                    restored = event.restored_from
+            return restored
+
+        _, restored = await asyncio.gather(long_answer(), resume_b())
+        await engine.close()
+        registry.close()
+        return max(later - earlier for earlier, later in zip(stamps, stamps[1:])), restored
+
+    longest_gap, restored = asyncio.run(run())
+    assert restored == "disk"
+    assert longest_gap < 1.0  # on the scheduler thread the read froze this stream for 1.5 s
