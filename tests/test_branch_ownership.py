@@ -124,25 +124,32 @@ def test_a_dropped_branch_that_comes_back_serves_its_history_compressed() -> Non
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(order=st.permutations(["b", "late", "follow"]))
+@given(order=st.permutations(["b", "late", "follow", "crowd"]))
 def test_whatever_comes_between_the_history_is_served_as_it_was(order: list[str]) -> None:
     """The property of tests/test_branches.py, extended: two unhinted conversations with the same
-    tools, a tool list that changes mid-session and a follow-up without tools, in any order after
-    the first conversation's compressed turn: its log is served with the same bytes every time."""
+    tools, a tool list that changes mid-session, a follow-up without tools and a crowd of sub-agents
+    that gets the main conversation's branch dropped (the limit is 2 here), in any order after the
+    first conversation's compressed turn: its log is served with the same bytes every time."""
     main = history("You are the main agent.", "Why did the build fail?")
+    crowd = [Conversation((Message("system", f"You are helper {i}."), Message("user", "hi")), READ,
+                          hints=SessionHints(x_session_id="s", agent_id=f"agent{i}")) for i in range(3)]
     later = {
-        "b": Conversation((Message("system", "You are the main agent."), Message("user", "Count the files.")), READ,
-                          hints=HINTS),
-        "late": Conversation((*main, Message("user", "Which module?")), (*READ, GREP), hints=HINTS),
-        "follow": Conversation((*main, Message("user", "Summarise it.")), (), hints=HINTS),
+        "b": [Conversation((Message("system", "You are the main agent."), Message("user", "Count the files.")), READ,
+                           hints=HINTS)],
+        "late": [Conversation((*main, Message("user", "Which module?")), (*READ, GREP), hints=HINTS)],
+        "follow": [Conversation((*main, Message("user", "Summarise it.")), (), hints=HINTS)],
+        "crowd": crowd,
     }
     with tempfile.TemporaryDirectory() as tmp:
         turns, _engine, registry = service(Path(tmp))
-        served = asyncio.run(serve(turns, [*first_turns(), *(later[n] for n in order)]))
+        turns.branches.max_branches = 2
+        served = asyncio.run(serve(turns, [*first_turns(), *(c for n in order for c in later[n])]))
         reference = served_log(served[1].prompt.messages)
         assert reference != LOG
-        for name, turn in zip(order, served[2:]):
-            if name != "b":
+        assert turns.branches.counters.get("branches_dropped", 0) >= 1
+        names = [n for n in order for _ in later[n]]
+        for name, turn in zip(names, served[2:]):
+            if name in ("late", "follow"):
                 assert served_log(turn.prompt.messages) == reference, name
         registry.close()
 
