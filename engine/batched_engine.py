@@ -19,10 +19,11 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.base import EngineUnavailable, PrefillDone, SavedState, StateTier
+from engine.batch_plan import plan_step
+from engine.batch_slot import Slot
 from engine.grammar_sampler import GrammarSampler
 from engine.llama_engine import PERSIST_AFTER_S, LlamaEngine, LlamaOptions
 from engine.llama_jobs import Job, RawDone, RawError, RawText
@@ -31,35 +32,6 @@ from engine.seq_state import restore_sequence, save_sequence
 from engine.stops import StopMatcher
 
 log = logging.getLogger("pflash.engine")
-
-
-@dataclass(eq=False)
-class Slot:
-    """One sequence of the context: the session whose KV it holds and the turn it serves, if any."""
-
-    seq: int
-    session_id: str | None = None
-    tokens: list[int] = field(default_factory=list)  # exactly what the sequence's KV covers
-    job: Job | None = None
-    last_used: float = 0.0
-    prompt_at: int = 0  # prompt tokens in the KV so far (prefill is done when it reaches the prompt)
-    pending: int | None = None  # the sampled token the next step evaluates
-    produced: int = 0
-    reused: int = 0
-    restored_from: str = "none"
-    checkpoint_tokens: int = 0  # of `reused`, what a shared prefix checkpoint brought
-    marks: list[int] = field(default_factory=list)  # prompt positions this prefill saves checkpoints at
-    persisted: int = 0  # tokens of the state last written to disk for crash resume
-    previous: SavedState | None = None  # the state restored for this turn, until its prefill succeeds
-    sampler: Any = None
-    guided: GrammarSampler | None = None
-    decoder: Any = None
-    stops: StopMatcher | None = None
-    loop_guard: LoopGuard | None = None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.job is not None and self.prompt_at < len(self.job.tokens)
 
 
 class BatchedLlamaEngine(LlamaEngine):
@@ -308,37 +280,32 @@ class BatchedLlamaEngine(LlamaEngine):
         return "none"
 
     def _step(self) -> None:
-        """One llama_decode: every answering turn's next token, then prompt chunks, oldest first."""
+        """One llama_decode of what engine/batch_plan.py plans: every answering turn's next token,
+        then prompt chunks, least recently served first."""
         for slot in self._slots:
             if slot.job is not None and slot.job.cancelled.is_set():
                 self._end(slot, "cancelled")
+        plan = plan_step([slot.view() for slot in self._slots], self._opts.n_batch)
+        if not plan:
+            return
         batch = self._batch.batch
         entries: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
-        n = 0
-        for slot in self._slots:
-            if slot.job is not None and slot.pending is not None:
-                n = self._put(batch, n, slot.seq, [slot.pending], len(slot.tokens), True)
-                slot.tokens.append(slot.pending)
-                slot.pending = None
-                entries.append((slot, n - 1))
-        prefilling = sorted((s for s in self._slots if s.prefilling), key=lambda s: s.last_used)
         fed: list[Slot] = []
-        for slot in prefilling:
-            room = self._opts.n_batch - n
-            if room <= 0:
-                break
-            assert slot.job is not None
-            mark = next((m for m in slot.marks if m > slot.prompt_at), len(slot.job.tokens))
-            chunk = list(slot.job.tokens[slot.prompt_at : min(slot.prompt_at + room, mark)])
-            fed.append(slot)
-            last = slot.prompt_at + len(chunk) == len(slot.job.tokens)
-            n = self._put(batch, n, slot.seq, chunk, slot.prompt_at, last)
-            slot.tokens.extend(chunk)
-            slot.prompt_at += len(chunk)
-            if last:
+        n = 0
+        for piece in plan:
+            slot = self._slots[piece.seq]
+            if piece.answer:
+                assert slot.pending is not None
+                tokens, pos, slot.pending = [slot.pending], len(slot.tokens), None
+            else:
+                assert slot.job is not None
+                tokens, pos = list(slot.job.tokens[piece.start : piece.start + piece.count]), piece.start
+                slot.prompt_at += piece.count
+                fed.append(slot)
+            n = self._put(batch, n, slot.seq, tokens, pos, piece.logits)
+            slot.tokens.extend(tokens)
+            if piece.logits:
                 entries.append((slot, n - 1))
-        if n == 0:
-            return
         batch.n_tokens = n
         rc = self._lib.llama_decode(self._context.ctx, batch)
         self._counters["batch_steps"] += 1
