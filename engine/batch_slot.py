@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.answer_text import AnswerText
 from engine.base import SavedState
 from engine.batch_plan import SequenceView
 from engine.grammar_sampler import GrammarSampler
 from engine.llama_jobs import Job
-from engine.loop_guard import LoopGuard
-from engine.stops import StopMatcher
 
 
 @dataclass(eq=False)
@@ -25,7 +24,6 @@ class Slot:
     last_used: float = 0.0
     prompt_at: int = 0  # prompt tokens in the KV so far (prefill is done when it reaches the prompt)
     pending: int | None = None  # the sampled token the next step evaluates
-    produced: int = 0
     reused: int = 0
     restored_from: str = "none"
     checkpoint_tokens: int = 0  # of `reused`, what a shared prefix checkpoint brought
@@ -34,9 +32,7 @@ class Slot:
     previous: SavedState | None = None  # the state restored for this turn, until its prefill succeeds
     sampler: Any = None
     guided: GrammarSampler | None = None
-    decoder: Any = None
-    stops: StopMatcher | None = None
-    loop_guard: LoopGuard | None = None
+    answer: AnswerText | None = None  # the answer's text, once its prompt is in
 
     @property
     def prefilling(self) -> bool:

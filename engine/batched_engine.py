@@ -13,7 +13,6 @@ several answers cost little more per step than one. The single-sequence engine's
 from __future__ import annotations
 
 import asyncio
-import codecs
 import collections
 import ctypes
 import logging
@@ -21,15 +20,14 @@ import threading
 import time
 from typing import Any
 
+from engine.answer_text import AnswerText
 from engine.base import EngineUnavailable, PrefillDone, SavedState, StateTier
 from engine.batch_plan import plan_step
 from engine.batch_slot import Slot
 from engine.grammar_sampler import GrammarSampler
 from engine.llama_engine import PERSIST_AFTER_S, LlamaEngine, LlamaOptions
-from engine.llama_jobs import Job, RawDone, RawError, RawText
-from engine.loop_guard import LoopGuard
+from engine.llama_jobs import Job, RawDone, RawError
 from engine.seq_state import restore_sequence, save_sequence
-from engine.stops import StopMatcher
 
 log = logging.getLogger("pflash.engine")
 
@@ -258,7 +256,7 @@ class BatchedLlamaEngine(LlamaEngine):
         slot.marks = self._prefix.positions(job.tokens, reuse, job.marks)
         slot.persisted = min(slot.persisted, reuse)
         slot.job, slot.prompt_at, slot.reused = job, reuse, reuse
-        slot.pending, slot.produced = None, 0
+        slot.pending = None
         slot.last_used = time.monotonic()
 
     def _restore_into(self, slot: Slot, job: Job) -> str:
@@ -342,30 +340,21 @@ class BatchedLlamaEngine(LlamaEngine):
         slot.sampler = self._llm._init_sampler(temp=job.params.temperature, top_p=job.params.top_p)
         slot.guided = (GrammarSampler(self._lib, self._vocab, self._llm.n_vocab(), slot.sampler.sampler, job.grammar)
                        if job.grammar else None)
-        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        slot.stops = StopMatcher(job.params.stop)
-        slot.loop_guard = LoopGuard(self._opts.repeated_line_stop)
+        slot.answer = AnswerText(job, self._opts.repeated_line_stop, self._llm.detokenize, self._ends_repeating)
 
     def _sample(self, slot: Slot, index: int) -> None:
-        job, stops, guard = slot.job, slot.stops, slot.loop_guard
-        assert job is not None and stops is not None and guard is not None
-        if slot.produced >= job.max_new:
+        job, answer = slot.job, slot.answer
+        assert job is not None and answer is not None
+        if answer.produced >= job.max_new:
             self._end(slot, "length")
             return
         ctx = self._context.ctx
         token = slot.guided.sample(ctx, index) if slot.guided else slot.sampler.sample(self._context, index)
         if self._is_end(token):
             self._end(slot, "stop")
-            return
-        slot.produced += 1
-        text = stops.feed(slot.decoder.decode(self._llm.detokenize([token])))
-        if text:
-            job.emit(RawText(text))
-        if stops.hit is not None:
-            self._end(slot, "stop")
-        elif self._ends_repeating(guard, text, job.session_id):
-            self._end(slot, "stop")
-        elif slot.produced >= job.max_new:
+        elif (ended := answer.feed(token)) is not None:
+            self._end(slot, ended)
+        elif answer.produced >= job.max_new:
             self._end(slot, "length")
         else:
             slot.pending = token  # evaluated next step: the KV covers everything the client sends back
@@ -379,20 +368,18 @@ class BatchedLlamaEngine(LlamaEngine):
             log.info("session %s: prefill cancelled at %d of %d tokens; the context keeps them",
                      job.session_id[:12], slot.prompt_at, len(job.tokens))
             job.emit(RawDone("cancelled", 0, None))
+        elif slot.answer is not None:
+            self._counters["completion_tokens"] += slot.answer.produced
+            slot.answer.finish(finish)
         else:
-            stops = slot.stops
-            tail = (stops.feed(slot.decoder.decode(b"", final=True)) + stops.flush()) if stops else ""
-            if tail:
-                job.emit(RawText(tail))
-            self._counters["completion_tokens"] += slot.produced
-            job.emit(RawDone(finish, slot.produced, stops.hit if stops else None))
+            job.emit(RawDone(finish, 0, None))
         self._release(slot)
         job.loop.call_soon_threadsafe(self._job_done, job)
 
     def _release(self, slot: Slot) -> None:
         if slot.guided is not None:
             slot.guided.close()
-        slot.job, slot.pending, slot.sampler, slot.guided, slot.stops, slot.loop_guard = None, None, None, None, None, None
+        slot.job, slot.pending, slot.sampler, slot.guided, slot.answer = None, None, None, None, None
         slot.previous = None
         slot.last_used = time.monotonic()
         self._report_holding()

@@ -10,7 +10,6 @@ tokens.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.answer_text import AnswerText
 from engine.base import (
     EngineBusy,
     EngineEvent,
@@ -36,12 +36,11 @@ from engine.constraints import Grammar, OutputConstraint
 from engine.grammar_cache import GrammarCache
 from engine.grammar_sampler import GrammarSampler
 from engine.llama_build import AMX_WARNING, amx_crash_risk, cpu_flags, system_info, unsupported_llama_cpp
-from engine.llama_jobs import Job, RawDone, RawError, RawText
+from engine.llama_jobs import Job, RawDone, RawError
 from engine.llama_relay import relay
 from engine.loop_guard import LoopGuard
 from engine.prefix_checkpoints import CheckpointOptions, PrefixCheckpoints, StartPoint, SystemMarks
 from engine.seq_state import rollback_limits, restore_sequence, save_sequence
-from engine.stops import StopMatcher
 from policies.conversation_types import Message, SamplingParams, ToolSpec
 from policies.roles import alternate_roles
 
@@ -325,12 +324,9 @@ class LlamaEngine:
 
     def _sample_loop(self, job: Job, sampler: Any, guided: GrammarSampler | None) -> None:
         llm = self._llm
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(job.params.stop)
-        loop = LoopGuard(self._opts.repeated_line_stop)
-        produced = 0
+        answer = AnswerText(job, self._opts.repeated_line_stop, llm.detokenize, self._ends_repeating)
         finish = "length"
-        while produced < job.max_new:
+        while answer.produced < job.max_new:
             if job.cancelled.is_set():
                 finish = "cancelled"
                 break
@@ -338,23 +334,13 @@ class LlamaEngine:
             if self._is_end(token):
                 finish = "stop"
                 break
-            produced += 1
-            text = stops.feed(decoder.decode(llm.detokenize([token])))
-            if text:
-                job.emit(RawText(text))
-            if stops.hit is not None:
-                finish = "stop"
+            if (ended := answer.feed(token)) is not None:
+                finish = ended
                 break
-            if self._ends_repeating(loop, text, job.session_id):
-                finish = "stop"
-                break
-            if produced < job.max_new:
+            if answer.produced < job.max_new:
                 llm.eval([token])  # keep the KV covering everything the client will send back
-        tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
-        if tail:
-            job.emit(RawText(tail))
-        self._counters["completion_tokens"] += produced
-        job.emit(RawDone(finish, produced, stops.hit))
+        self._counters["completion_tokens"] += answer.produced
+        answer.finish(finish)
 
     def _start_point(self, tokens: list[int], restored_from: str) -> StartPoint:
         """The session's own state, or a longer shared checkpoint of the prompt's prefix."""
