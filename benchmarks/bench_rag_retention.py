@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.scoring.bundle import bundle_of
 from benchmarks.mtrag_replays import CALL_ID, DATA, Replay, build_replays
 from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, head_tail, random_units
 from benchmarks.intervals import bootstrap, ci_cell
@@ -122,7 +123,7 @@ def run(ctx: BenchContext) -> Section:
         if scorer is None:
             notes.append(f"`{name}` rows skipped: the scorer did not load ({ctx.scorer_note(name)}).")
             continue
-        memo, shares = MemoBundle(scorer.bundle()), Shares()
+        memo, shares = MemoBundle(bundle_of(scorer)), Shares()
         for case in ctx.progress(cases, f"rag retention: {name}"):
             memo.clear()
             compressor = MessageCompressor(TokenCountCache(ctx.count_tokens), memo.bundle, settings)

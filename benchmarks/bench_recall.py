@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.scoring.bundle import bundle_of
 from benchmarks.common import (
     BenchContext,
     MemoBundle,
@@ -236,7 +237,7 @@ def run(ctx: BenchContext) -> Section:
         todo = replays[: min(drafter_limit, len(replays))] if heavy else replays
         if name == "hybrid" and "embed" in replayed:
             todo = replays[: replayed["embed"]]  # warm: the encoder's unit vectors are cached
-        memo = MemoBundle(scorer.bundle())
+        memo = MemoBundle(bundle_of(scorer))
         by_query = {c: ScorerResult() for c in GATE_QUERIES}
         results.update((query_label(name, c), r) for c, r in by_query.items())
         t0 = time.perf_counter()

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.scoring.bundle import bundle_of
 from benchmarks.intervals import bootstrap, ci_cell, pooled_cell
 from benchmarks.common import (
     BenchContext,
@@ -253,7 +254,7 @@ def run(ctx: BenchContext) -> Section:
             del results[name]
             continue
         todo = cases[: heavy_limit] if heavy else cases
-        memo = MemoBundle(scorer.bundle())
+        memo = MemoBundle(bundle_of(scorer))
         for case in ctx.progress(todo, f"retention: {name}"):
             run_scorer(case, ctx.count_tokens, memo, settings, keys, results[name])
         for key in keys:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.scoring.bundle import ScorerBundle
+from engine.scoring.bundle import ScorerBundle, bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from gateway.config import Settings
 
@@ -43,7 +43,7 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
                                   n_gpu_layers=n_gpu_layers)
         log.info("scorer head: %s on drafter %s, layer %d", settings.head or "shipped head", drafter_path.name,
                  scorer.drafter.layer)
-        return ScorerChoice(scorer.bundle())
+        return ScorerChoice(bundle_of(scorer))
     except Exception as exc:  # noqa: BLE001 - never fail start-up over the head
         head_error = exc
     try:
@@ -54,9 +54,9 @@ def head_scorer_or_fallback(settings: Settings, drafter_path: Path, *, n_threads
     except Exception as exc:  # noqa: BLE001 - the next fallback, bm25, needs nothing
         log.warning("relevance head unavailable (%s) and the drafter did not load (%s): scoring with bm25",
                     head_error, exc)
-        return ScorerChoice(Bm25Scorer().bundle(), f"head: {head_error}")
+        return ScorerChoice(bundle_of(Bm25Scorer()), f"head: {head_error}")
     log.warning("relevance head unavailable (%s): scoring with fusion instead", head_error)
-    return ScorerChoice(fallback.bundle(), f"head: {head_error}")
+    return ScorerChoice(bundle_of(fallback), f"head: {head_error}")
 
 
 def _encoder(settings: Settings, unit_tokens: int | None = None) -> EmbeddingScorer:
@@ -80,7 +80,7 @@ def _embedding_scorer(settings: Settings) -> EmbeddingScorer | FusionScorer:
 def build_scorer(settings: Settings) -> ScorerChoice:
     """The configured scorer, or the fallback it steps down to (start-up never fails)."""
     if settings.scorer == "bm25":
-        return ScorerChoice(Bm25Scorer().bundle())
+        return ScorerChoice(bundle_of(Bm25Scorer()))
     if settings.scorer == "ranker":
         from engine.scoring.ranker import MEANING_UNIT_TOKENS, SHIPPED_RANKER, RankerError, RankerScorer, load_weights
 
@@ -89,7 +89,7 @@ def build_scorer(settings: Settings) -> ScorerChoice:
             model = load_weights(path)
         except RankerError as exc:
             log.warning("ranker unavailable (%s): scoring with bm25 instead", exc)
-            return ScorerChoice(Bm25Scorer().bundle(), f"ranker: {exc}")
+            return ScorerChoice(bundle_of(Bm25Scorer()), f"ranker: {exc}")
         dense, gate_fallback = None, None
         if settings.recall_embedder or settings.ranker_embedder:
             try:
@@ -100,13 +100,13 @@ def build_scorer(settings: Settings) -> ScorerChoice:
                 gate_fallback = f"embed: {exc}"
         ranker = RankerScorer(path, model=model, dense=dense, read_meaning=settings.ranker_embedder,
                               gate_meaning=settings.recall_embedder)
-        return ScorerChoice(ranker.bundle(), gate_fallback=gate_fallback)
+        return ScorerChoice(bundle_of(ranker), gate_fallback=gate_fallback)
     if settings.scorer in ("embed", "hybrid"):
         try:
-            return ScorerChoice(_embedding_scorer(settings).bundle())
+            return ScorerChoice(bundle_of(_embedding_scorer(settings)))
         except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
             log.warning("sentence encoder unavailable (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-            return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
+            return ScorerChoice(bundle_of(Bm25Scorer()), f"{settings.scorer}: {exc}")
     try:
         from engine.scoring.drafter import DrafterScorer
         from engine.scoring.fusion import FusionScorer
@@ -121,6 +121,6 @@ def build_scorer(settings: Settings) -> ScorerChoice:
         drafter = DrafterScorer(path, n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers)
     except Exception as exc:  # noqa: BLE001 - any load failure: BM25, never a failed start-up
         log.warning("drafter could not be loaded (%s): scoring with bm25 instead of %s", exc, settings.scorer)
-        return ScorerChoice(Bm25Scorer().bundle(), f"{settings.scorer}: {exc}")
+        return ScorerChoice(bundle_of(Bm25Scorer()), f"{settings.scorer}: {exc}")
     log.info("scorer %s: drafter %s, layer %d", settings.scorer, path.name, drafter.layer)
-    return ScorerChoice((FusionScorer(drafter) if settings.scorer == "fusion" else drafter).bundle())
+    return ScorerChoice(bundle_of((FusionScorer(drafter) if settings.scorer == "fusion" else drafter)))

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from benchmarks.followup_timing import metric
 from engine.scoring.embedder import EmbeddingGate, EmbeddingScorer
 from engine.scoring.ranker import RankerScorer
@@ -52,11 +53,11 @@ def test_the_gate_reads_meaning_once_the_units_are_embedded(sentence_encoder: Em
 
 
 def test_the_ranker_names_its_background_encoder(sentence_encoder: EmbeddingScorer) -> None:
-    assert RankerScorer(dense=sentence_encoder).bundle().background is sentence_encoder
-    assert isinstance(RankerScorer().bundle().gate, Bm25Scorer) and RankerScorer().bundle().background is None
+    assert bundle_of(RankerScorer(dense=sentence_encoder)).background is sentence_encoder
+    assert isinstance(bundle_of(RankerScorer()).gate, Bm25Scorer) and bundle_of(RankerScorer()).background is None
     from engine.scoring.fusion import FusionScorer
 
-    assert FusionScorer(sentence_encoder, name="hybrid").bundle().background is None  # hybrid embeds while compressing
+    assert bundle_of(FusionScorer(sentence_encoder, name="hybrid")).background is None  # hybrid embeds while compressing
 
 
 def _registry(tmp_path: Path) -> SessionRegistry:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run as bench_run
+from engine.scoring.bundle import bundle_of
 from benchmarks.common import Section, spread
 
 
@@ -243,6 +244,6 @@ def test_a_memoised_scorer_is_planned_as_the_scorer_itself() -> None:
     from engine.scoring.scorers import Bm25Scorer, size_exponent
 
     ranker = RankerScorer()
-    memo = MemoBundle(ranker.bundle())
+    memo = MemoBundle(bundle_of(ranker))
     assert size_exponent(memo.bundle.compress) == size_exponent(memo.bundle.unasked) == ranker.size_exponent != 1.0
-    assert size_exponent(MemoBundle(Bm25Scorer().bundle()).bundle.compress) == 1.0
+    assert size_exponent(MemoBundle(bundle_of(Bm25Scorer())).bundle.compress) == 1.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.scoring.bundle import bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.recall import RecallGate
@@ -54,7 +55,7 @@ def test_a_follow_up_through_the_gate_tokenizes_only_new_units() -> None:
     output = "".join(records)
     scorer = Bm25Scorer()
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.0)
-    compressor = MessageCompressor(lambda t: len(t.split()), scorer.bundle(), settings)
+    compressor = MessageCompressor(lambda t: len(t.split()), bundle_of(scorer), settings)
     messages = [Message("user", "summarise the workers"),
                 Message("assistant", "", (ToolCall("c1", "read_log", "{}"),)),
                 Message("tool", output, tool_call_id="c1", name="read_log"),

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.base import SavedState
+from engine.scoring.bundle import bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from gateway.app import create_app
 from gateway.compressor import CompressionSettings
@@ -147,7 +148,7 @@ def service(store: Path, ram_budget: int = 1 << 30) -> tuple[TurnService, FakeEn
     engine.attach_tier(registry)
     compression = CompressionSettings(threshold=60, budget_curve="60:0.3 100000:0.3", min_segment=2, max_segment=8,
                                       request_tokens=64, fallback_spread=0.0)
-    return TurnService(engine, registry, Bm25Scorer().bundle(), compression), engine, registry
+    return TurnService(engine, registry, bundle_of(Bm25Scorer()), compression), engine, registry
 
 
 async def run_turn(turns: TurnService, conv: Conversation) -> tuple[str, Finished]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.scoring.bundle import bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.recall import RecallGate
@@ -12,7 +13,6 @@ from policies.conversation_types import Message, ToolCall
 from policies.kept_lines import KeptLineMap, content_hash
 from policies.segmentation import TAIL_SLACK
 from sessions.record import SessionRecord
-from tests.test_recall_features import bundle_of
 
 
 def word_count(text: str) -> int:
@@ -20,7 +20,7 @@ def word_count(text: str) -> int:
 
 
 def compressor(curve: str) -> MessageCompressor:
-    return MessageCompressor(word_count, Bm25Scorer().bundle(), CompressionSettings(100, curve, 8, 64, 128, 0.11))
+    return MessageCompressor(word_count, bundle_of(Bm25Scorer()), CompressionSettings(100, curve, 8, 64, 128, 0.11))
 
 
 def long_functions(n: int = 12, body: int = 14) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from engine.scoring.embedder import EmbeddingScorer
 from engine.models.embedder_convert import CHECK_SENTENCES, MIN_COSINE, WordPiece, _vocab, packaged_encoder_dir
 from policies.conversation_types import Message
@@ -108,7 +109,7 @@ def test_encoder_takes_every_core_only_while_the_engine_is_idle(embedder_path: P
     from engine.scoring.fusion import FusionScorer
 
     scorer = EmbeddingScorer(embedder_path)  # one thread while the engine works
-    assert FusionScorer(scorer, name="hybrid").bundle().encoder is scorer.encoder is scorer.bundle().encoder
+    assert bundle_of(FusionScorer(scorer, name="hybrid")).encoder is scorer.encoder is bundle_of(scorer).encoder
     encoder = scorer.encoder
     texts = ["def add(a, b): return a + b", "The disk quota was exceeded.", "import numpy as np"]
     busy = encoder.embed(texts)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from engine.scoring.head import (
     ENCODER_KEY,
     SCALARS,
@@ -181,7 +182,7 @@ def test_a_follow_up_after_a_restart_reads_only_the_question(model_path: Path, e
 
     service, messages = rewrite_setup(model_path)
     before = open_head_scorer(None, model_path, embedder_path, n_threads=2)
-    assert before.bundle().encoder is before.encoder.encoder  # the gateway gives it every core while idle
+    assert bundle_of(before).encoder is before.encoder.encoder  # the gateway gives it every core while idle
     record = SessionRecord(session_id="h" * 64, tenant="")
     _served, report, _ = asyncio.run(service(before).rewrite(messages, record))
     assert report is not None and report.compressed and report.scorer == "head"

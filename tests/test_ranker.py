@@ -27,7 +27,7 @@ from engine.scoring.ranker import (
     load_weights,
     ranker_features,
 )
-from engine.scoring.bundle import ScorerBundle
+from engine.scoring.bundle import ScorerBundle, bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from engine.scoring.embedder import DEFAULT_UNIT_TOKENS
 
@@ -154,7 +154,7 @@ def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
     for name in TRANSCRIPT_FEATURES:  # what only a transcript shows ranks transcripts alone
         assert name not in model.sets[ANSWERS_CALL].features and name in model.sets[UNASKED].features
     units = [*FILLER * 5, "def compute_invoice_total(items, tax_rate):\n    return sum(items) * (1 + tax_rate)\n"]
-    for scorer in (RankerScorer(), RankerScorer().bundle().unasked):
+    for scorer in (RankerScorer(), bundle_of(RankerScorer()).unasked):
         scores = scorer.score(units, "Why is compute_invoice_total wrong when tax_rate is 0?")
         assert len(scores) == len(units) and all(0.0 < s < 1.0 for s in scores)
         assert int(np.argmax(scores)) == len(units) - 1
@@ -163,7 +163,7 @@ def test_the_shipped_weights_load_and_rank_the_needed_unit_first() -> None:
 def test_unasked_text_is_scored_with_its_own_weights() -> None:
     """A repeated unit gains only under the unasked set: the two sets really differ where they should."""
     scorer = RankerScorer()
-    unasked = scorer.bundle().unasked
+    unasked = bundle_of(scorer).unasked
     assert unasked is not scorer and unasked.weights is scorer.model.sets[UNASKED]
     assert scorer.weights is scorer.model.sets[ANSWERS_CALL]
     seen = "def apply_discount(order):\n    return order.total * order.rate\n"
@@ -310,7 +310,7 @@ def test_a_request_sharing_no_word_with_the_output_is_served_whole() -> None:
     output = "".join(f"def handler_{i}(event):\n    return route(event, {i})\n\n" for i in range(300))
     assert RankerScorer().score(FILLER, "zzqx wvut") == [0.0] * len(FILLER)
     settings = CompressionSettings(100, "100:0.3 100000:0.3", 8, 64, 128, 0.11)
-    compressor = MessageCompressor(lambda text: len(text.split()), RankerScorer().bundle(), settings)
+    compressor = MessageCompressor(lambda text: len(text.split()), bundle_of(RankerScorer()), settings)
     messages = [Message("user", "Qu'est-ce qui ne va pas ?"), Message("tool", output, tool_call_id="c1")]
     plan, report = compressor.compress(messages, 1, len(output.split()))
     assert not plan.compressed and plan.text == output and report.reason.startswith("scorer_failed")

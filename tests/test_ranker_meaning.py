@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from benchmarks.followup_timing import metric
 from engine.scoring.embedder import EmbedderError, EmbeddingGate, EmbeddingScorer
 from engine.scoring.ranker import (
@@ -97,7 +98,7 @@ def test_the_ranker_finds_by_meaning_what_shares_no_word(sentence_encoder: Embed
     # after a matching `def` line), so a one-line unit may stand just behind them.
     assert units.index(QUOTA_LINE) in best_first[:3]
     assert sentence_encoder.has_vectors(units)  # read once, by compression: the gate needs only the question
-    assert scorer.bundle().unasked.meaning is sentence_encoder
+    assert bundle_of(scorer).unasked.meaning is sentence_encoder
 
 
 class BrokenEncoder:
@@ -123,12 +124,12 @@ def test_an_encoder_error_falls_back_to_the_lexical_weights_and_is_counted(caplo
 
 def test_meaning_and_the_gate_are_switched_apart(sentence_encoder: EmbeddingScorer) -> None:
     words_only = RankerScorer(dense=sentence_encoder, read_meaning=False)
-    assert words_only.meaning is None and isinstance(words_only.bundle().gate, EmbeddingGate)
+    assert words_only.meaning is None and isinstance(bundle_of(words_only).gate, EmbeddingGate)
     assert words_only.score(quota_log(), QUESTION) == [0.0] * 60
     bm25_gate = RankerScorer(dense=sentence_encoder, gate_meaning=False)
-    assert bm25_gate.meaning is sentence_encoder and isinstance(bm25_gate.bundle().gate, Bm25Scorer)
+    assert bm25_gate.meaning is sentence_encoder and isinstance(bundle_of(bm25_gate).gate, Bm25Scorer)
     for ranker in (words_only, bm25_gate):  # one gate, asked of the top-level scorer: the unasked set shares it
-        assert ranker.bundle().unasked.gate_scorer is ranker.bundle().gate
+        assert bundle_of(ranker).unasked.gate_scorer is bundle_of(ranker).gate
 
 
 def test_the_factory_loads_no_encoder_when_both_switches_are_off(tmp_path: Path) -> None:

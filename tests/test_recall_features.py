@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from policies.conversation_types import Message, ToolCall
 from sessions.record import SessionRecord
 from tests.test_compression_e2e import python_module
@@ -37,13 +38,6 @@ def rewrite_setup(model_path: Path) -> tuple[Callable[[Any], Any], list[Message]
                 Message("assistant", "", (ToolCall("call_1", "read_file", '{"path": "inventory.py"}'),)),
                 Message("tool", python_module(), tool_call_id="call_1")]
     return (lambda scorer: TurnService(Counting(), None, bundle_of(scorer), settings)), messages  # type: ignore[arg-type]
-
-
-def bundle_of(scorer: Any) -> Any:
-    """A real scorer's own bundle; a test's stub plays every role."""
-    from engine.scoring.bundle import single
-
-    return scorer.bundle() if hasattr(scorer, "bundle") else single(scorer)
 
 
 def test_follow_up_after_restart_reads_only_the_question(model_path: Path) -> None:

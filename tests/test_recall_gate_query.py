@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from engine.scoring.bundle import bundle_of
 from gateway.compressor import CompressionSettings, MessageCompressor
 from gateway.recall import RecallGate
 from policies.conversation_types import Message, ToolCall
 from policies.kept_lines import KeptLineMap, content_hash
 from sessions.record import SessionRecord
-from tests.test_recall_features import bundle_of
 
 OUTPUT = "".join(f"line {i}: value {i * 7}\n" for i in range(200))
 

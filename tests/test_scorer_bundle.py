@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.scoring.embedder import EmbeddingScorer
-from engine.scoring.bundle import ScorerBundle
+from engine.scoring.bundle import ScorerBundle, bundle_of
 from engine.scoring.scorers import Bm25Scorer
 from gateway.config import Settings, load_settings
 from gateway.scorer_factory import build_scorer
@@ -67,8 +67,29 @@ def test_the_bundle_is_complete_for_every_scorer_name(name: str, model_path: Pat
 
 
 def test_a_model_free_scorer_plays_every_role_itself() -> None:
-    bundle = Bm25Scorer().bundle()
+    bundle = bundle_of(Bm25Scorer())
     assert bundle.compress is bundle.unasked is bundle.gate
     assert bundle.features is bundle.encoder is bundle.background is None and bundle.counters() == {}
     scores = bundle.compress.score(UNITS, QUESTION)
     assert bundle.gate_scores(UNITS, QUESTION) == (scores, scores)
+
+
+def test_scorers_know_nothing_of_bundles_the_dependency_goes_one_way() -> None:
+    """engine/scoring/bundle.py says what each scorer offers (bundle_of); no scorer imports it back."""
+    from pathlib import Path
+
+    scoring = Path(__file__).resolve().parents[1] / "engine" / "scoring"
+    importers = [p.name for p in scoring.glob("*.py") if p.name != "bundle.py" and "engine.scoring.bundle" in p.read_text()]
+    assert importers == []
+    assert not any(hasattr(cls, "bundle") for cls in _scorer_classes())
+
+
+def _scorer_classes() -> list[type]:
+    from engine.scoring.drafter import DrafterScorer
+    from engine.scoring.embedder import EmbeddingScorer
+    from engine.scoring.fusion import FusionScorer
+    from engine.scoring.head import HeadScorer
+    from engine.scoring.ranker import RankerScorer
+    from engine.scoring.scorers import Bm25Scorer
+
+    return [Bm25Scorer, DrafterScorer, EmbeddingScorer, FusionScorer, HeadScorer, RankerScorer]

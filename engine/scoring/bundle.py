@@ -3,14 +3,15 @@
 A scorer is more than its `score`: the ranker ranks a transcript no call asked for with a second
 weight set, the recall gate asks another scorer (and may read its units two ways), a model-backed
 scorer's unit features travel with a session, and a sentence encoder takes every core while the
-engine is idle or embeds units after a turn. Each scorer class says which in its `bundle()`; the
-gateway reads the bundle and never probes a scorer's attributes.
+engine is idle or embeds units after a turn. `bundle_of` says which for each scorer class (the
+scorers know nothing of bundles: the dependency goes one way); the gateway reads the bundle and
+never probes a scorer's attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from engine.scoring.scorers import FeatureStore, GateScores, Scorer
@@ -56,3 +57,35 @@ class ScorerBundle:
 def single(scorer: Scorer, features: FeatureStore | None = None) -> ScorerBundle:
     """A scorer that plays every role itself (bm25, drafter, fusion, a test's stub)."""
     return ScorerBundle(scorer, scorer, scorer, features=features)
+
+
+def bundle_of(scorer: Scorer) -> ScorerBundle:
+    """What a scorer offers, by its class (imported here only: each pulls in its model code)."""
+    from engine.scoring.drafter import DrafterScorer
+    from engine.scoring.embedder import EmbeddingGate, EmbeddingScorer
+    from engine.scoring.fusion import FusionScorer
+    from engine.scoring.head import HeadScorer
+    from engine.scoring.ranker import RankerScorer
+
+    if isinstance(scorer, RankerScorer):
+        # Its unasked set for transcripts, its own gate; the encoder's unit vectors travel with a
+        # session, and a gate that reads meaning has the units it lacks embedded after the turn.
+        gate = scorer.gate_scorer
+        embedding = gate if isinstance(gate, EmbeddingGate) else None
+        return ScorerBundle(
+            scorer, scorer.unasked_scorer, gate,
+            gate_readings=embedding.gate_scores if embedding is not None else None,
+            features=scorer.dense, encoder=scorer.dense.encoder if scorer.dense is not None else None,
+            background=embedding.dense if embedding is not None else None,
+            meaning_failures=scorer.meaning_failures,
+            gate_counters=embedding.counters if embedding is not None else {},
+        )
+    if isinstance(scorer, HeadScorer):  # plays every role; both models' features travel with a session
+        return ScorerBundle(scorer, scorer, scorer, features=scorer, encoder=scorer.encoder.encoder)
+    if isinstance(scorer, FusionScorer):  # plays every role; the dense model's features and encoder are its own
+        return replace(bundle_of(scorer.dense), compress=scorer, unasked=scorer, gate=scorer)
+    if isinstance(scorer, EmbeddingScorer):  # its unit vectors travel with a session; its encoder gets idle cores
+        return replace(single(scorer, features=scorer), encoder=scorer.encoder)
+    if isinstance(scorer, DrafterScorer):  # its unit features travel with a session
+        return single(scorer, features=scorer)
+    return single(scorer)

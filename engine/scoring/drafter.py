@@ -24,15 +24,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engine.scoring.feature_cache import FeatureCache
 from engine.scoring.ranks import ranks
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.drafter")
 
@@ -426,12 +423,6 @@ class DrafterScorer:
         pooled = self._read([ids])
         self.counters.requests_read += 1
         return pooled[0]
-
-    def bundle(self) -> ScorerBundle:
-        """The drafter plays every role; its unit features travel with a session."""
-        from engine.scoring.bundle import single
-
-        return single(self, features=self)
 
     def close(self) -> None:
         with self._lock:

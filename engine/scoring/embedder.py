@@ -16,9 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,9 +24,6 @@ from engine.scoring.drafter import cosines, to_mass
 from engine.scoring.feature_cache import FeatureCache
 from engine.scoring.scorers import GateScores, Scorer
 from policies.recall import rank_fusion
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.embedder")
 
@@ -242,13 +237,6 @@ class EmbeddingScorer:
     def score(self, units: Sequence[str], request: str) -> list[float]:
         cos, n_tokens = self.relevance(units, request)
         return to_mass(cos, n_tokens)
-
-    def bundle(self) -> ScorerBundle:
-        """`embed` plays every role; its unit vectors travel with a session; its encoder gets every
-        core while the engine is idle."""
-        from engine.scoring.bundle import single
-
-        return replace(single(self, features=self), encoder=self.encoder)
 
     def close(self) -> None:
         with self._lock:

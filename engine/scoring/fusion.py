@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engine.scoring.drafter import RRF_K, fuse, to_mass
 from policies.lexical import bm25_scores
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 
 class FusionScorer:
@@ -33,10 +29,6 @@ class FusionScorer:
         density = np.array([s / n if n else 0.0 for s, n in zip(lexical, n_tokens)])
         fused = fuse(density, cos, self.k)
         return to_mass(fused, n_tokens)
-
-    def bundle(self) -> ScorerBundle:
-        """Fusion plays every role; the dense model's features and encoder are its own."""
-        return replace(self.dense.bundle(), compress=self, unasked=self, gate=self)
 
     def close(self) -> None:
         self.dense.close()

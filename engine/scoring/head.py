@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +36,6 @@ from engine.models.files import SHIPPED_HEAD
 from engine.scoring.ranks import ranks01
 from policies.lexical import bm25_scores
 from policies.segmentation import KINDS, detect_kind
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 log = logging.getLogger("pflash.head")
 
@@ -315,12 +312,6 @@ class HeadScorer:
     def forget_features(self) -> None:
         self.drafter.forget_features()
         self.encoder.forget_features()
-
-    def bundle(self) -> ScorerBundle:
-        """The head plays every role; both models' features travel with a session (above)."""
-        from engine.scoring.bundle import ScorerBundle
-
-        return ScorerBundle(self, self, self, features=self, encoder=self.encoder.encoder)
 
     def close(self) -> None:
         self.drafter.close()

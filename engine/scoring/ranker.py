@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -52,9 +52,6 @@ from policies.lexical import bm25_of_counts, tokenize_for_search
 from policies.line_numbers import line_number, without_line_number
 from policies.rendering import split_lines
 from policies.transcript import edited_later_lines
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 SCHEMA = "pflash.ranker"
 VERSION = 5
@@ -392,22 +389,6 @@ class RankerScorer:
         if kind == ANSWERS_CALL:
             self.unasked_scorer = RankerScorer(self.path, UNASKED, self.model, dense, read_meaning=read_meaning,
                                                failures=self.meaning_failures, gate=self.gate_scorer)
-
-    def bundle(self) -> ScorerBundle:
-        """Its unasked set for transcripts, its own gate; the encoder's unit vectors travel with a
-        session, and a gate that reads meaning has the units it lacks embedded after the turn."""
-        from engine.scoring.bundle import ScorerBundle
-
-        gate = self.gate_scorer
-        embedding_gate = gate if isinstance(gate, EmbeddingGate) else None
-        return ScorerBundle(
-            self, self.unasked_scorer, gate,
-            gate_readings=embedding_gate.gate_scores if embedding_gate is not None else None,
-            features=self.dense, encoder=self.dense.encoder if self.dense is not None else None,
-            background=embedding_gate.dense if embedding_gate is not None else None,
-            meaning_failures=self.meaning_failures,
-            gate_counters=embedding_gate.counters if embedding_gate is not None else {},
-        )
 
     @property
     def size_exponent(self) -> float:

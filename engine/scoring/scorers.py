@@ -6,14 +6,11 @@ import hashlib
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from cachetools import LRUCache
 
 from policies.lexical import bm25_of_counts, tokenize_for_search
-
-if TYPE_CHECKING:
-    from engine.scoring.bundle import ScorerBundle
 
 # A unit's counts take ~10 KB; a 17K-token output has ~50 units: ~10 MB for the last ~20 long messages.
 DEFAULT_CACHED_UNITS = 1024
@@ -51,11 +48,6 @@ class Bm25Scorer:
 
     def score(self, units: Sequence[str], request: str) -> list[float]:
         return bm25_of_counts([self._term_counts(u) for u in units], request)
-
-    def bundle(self) -> ScorerBundle:
-        from engine.scoring.bundle import single
-
-        return single(self)
 
     def _term_counts(self, unit: str) -> Counter[str]:
         key = hashlib.sha256(unit.encode("utf-8", "surrogatepass")).digest()
