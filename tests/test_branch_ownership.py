@@ -124,12 +124,13 @@ def test_a_dropped_branch_that_comes_back_serves_its_history_compressed() -> Non
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(order=st.permutations(["b", "late", "follow", "crowd"]))
+@given(order=st.permutations(["b", "late", "follow", "crowd", "again"]))
 def test_whatever_comes_between_the_history_is_served_as_it_was(order: list[str]) -> None:
     """The property of tests/test_branches.py, extended: two unhinted conversations with the same
-    tools, a tool list that changes mid-session, a follow-up without tools and a crowd of sub-agents
-    that gets the main conversation's branch dropped (the limit is 2 here), in any order after the
-    first conversation's compressed turn: its log is served with the same bytes every time."""
+    tools, a tool list that changes mid-session, a follow-up without tools, a crowd of sub-agents
+    that gets branches dropped (the limit is 2 here) and the changed-tools conversation resumed
+    (its branch perhaps dropped), in any order after the first conversation's compressed turn: its
+    log is served with the same bytes every time."""
     main = history("You are the main agent.", "Why did the build fail?")
     crowd = [Conversation((Message("system", f"You are helper {i}."), Message("user", "hi")), READ,
                           hints=SessionHints(x_session_id="s", agent_id=f"agent{i}")) for i in range(3)]
@@ -139,6 +140,9 @@ def test_whatever_comes_between_the_history_is_served_as_it_was(order: list[str]
         "late": [Conversation((*main, Message("user", "Which module?")), (*READ, GREP), hints=HINTS)],
         "follow": [Conversation((*main, Message("user", "Summarise it.")), (), hints=HINTS)],
         "crowd": crowd,
+        # the changed-tools conversation once more: its branch may have been dropped meanwhile
+        "again": [Conversation((*main, Message("user", "Which module?"), Message("assistant", "billing."),
+                                Message("user", "Which line?")), (*READ, GREP), hints=HINTS)],
     }
     with tempfile.TemporaryDirectory() as tmp:
         turns, _engine, registry = service(Path(tmp))
@@ -149,7 +153,7 @@ def test_whatever_comes_between_the_history_is_served_as_it_was(order: list[str]
         assert turns.branches.counters.get("branches_dropped", 0) >= 1
         names = [n for n in order for _ in later[n]]
         for name, turn in zip(names, served[2:]):
-            if name in ("late", "follow"):
+            if name in ("late", "follow", "again"):
                 assert served_log(turn.prompt.messages) == reference, name
         registry.close()
 

@@ -109,3 +109,33 @@ def test_a_tight_budget_cuts_shorter_units_and_recall_brings_them_back(start_gat
     for at, match in headers:
         first_line, last_line = int(match.group(1)), int(match.group(2) or match.group(1))
         assert body[at + 1 : at + 2 + last_line - first_line] == original_lines[first_line - 1 : last_line]
+
+
+def test_a_follow_up_without_tools_recalls_an_omitted_line_in_its_own_conversation(gateway: Gateway) -> None:
+    """Issue 51, bug 0: the first turn offered tools, the follow-up (an SDK script's last question)
+    sends none. It is still this conversation's turn: the history is served compressed as before,
+    and the recall gate brings the omitted function back."""
+    session = "recall-notools-" + uuid.uuid4().hex
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    messages = tool_conversation(python_module())
+
+    def ask(turn_messages: list[dict], with_tools: bool) -> httpx.Response:
+        body = {"model": "m", "messages": turn_messages, "max_tokens": 8, "temperature": 0,
+                **({"tools": tools} if with_tools else {})}
+        response = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": session},
+                              timeout=120)
+        assert response.status_code == 200, response.text
+        return response
+
+    first = ask(messages, True)
+    assert first.headers["X-PFlash-Compressed"] == "true"
+    served = transcript(gateway, session)[3]["content"]
+    question = "What does helper_37 multiply the values by (helper_37)?"
+    follow = ask([*messages, {"role": "assistant", "content": reply_text(first)}, {"role": "user", "content": question}],
+                 False)
+    assert follow.headers["X-PFlash-Branch"] == first.headers["X-PFlash-Branch"]  # not a side request
+    assert follow.headers["X-PFlash-Recall"] == "true"
+    log = transcript(gateway, session)
+    assert log[3]["content"] == served  # the history as it was served, compressed
+    assert log[-1]["content"].startswith("[pflash: recalled ") and "def helper_37(values):" in log[-1]["content"]
