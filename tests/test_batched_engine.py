@@ -231,8 +231,7 @@ def test_a_state_read_from_disk_does_not_stall_the_other_streams(model_path: Pat
         await probe.close()
         registry = SessionRegistry(SessionStore(tmp_path, fingerprint, 1, 1 << 30), 0, "off")  # RAM: none
         engine = BatchedLlamaEngine(options(model_path), registry, sequences=2)
-        for sid in (a, b, c, d):
-            await registry.get_or_create(sid, "", "test")
+        records = [await registry.get_or_create(sid, "", "test") for sid in (a, b, c, d)]  # held: their states persist
         await answer(engine, b, "Say hi.", 4)
         await asyncio.gather(answer(engine, c, "Say yes.", 4), answer(engine, d, "Say no.", 4))  # b leaves: to disk
         await asyncio.to_thread(registry.settle)
@@ -267,6 +266,7 @@ def test_a_state_read_from_disk_does_not_stall_the_other_streams(model_path: Pat
         _, restored = await asyncio.gather(long_answer(), resume_b())
         await engine.close()
         registry.close()
+        assert len(records) == 4
         return max(later - earlier for earlier, later in zip(stamps, stamps[1:])), restored
 
     longest_gap, restored = asyncio.run(run())
