@@ -60,7 +60,7 @@ class BranchRouter:
                  forget: Forget | None = None) -> None:
         self.registry = registry
         self.max_branches = max_branches
-        self._forget = forget or registry.delete
+        self._forget = forget  # None: the registry's delete alone
         self._dropping: set[asyncio.Task[None]] = set()  # dropped branches being forgotten, off any turn's path
         # branch id -> (its lock, turns holding or waiting for it); entries live while in use.
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -171,7 +171,7 @@ class BranchRouter:
 
     async def _drop(self, branch_id: str) -> None:
         try:
-            await self._forget(branch_id)
+            await (self._forget or self.registry.delete)(branch_id)
         except Exception:
             log.exception("dropped branch %s: forgetting it failed (its files stay until deleted)", branch_id[:12])
 

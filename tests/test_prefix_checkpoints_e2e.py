@@ -181,7 +181,9 @@ def test_a_second_agent_session_reads_the_shared_prefix_from_a_checkpoint_before
     third, headers = claude_like(restarted, "cp-c-" + uuid.uuid4().hex, "What does calc.py do?")
     assert headers["x-pflash-restored-from"] == "checkpoint" and third.usage.cache_read_input_tokens >= cached
     overview = __import__("httpx").get(restarted.url + "/v1/overview", timeout=30).json()
-    assert any(c["origin"] == "system" and c["hits"] >= 1 for c in overview["checkpoints"]["list"])
+    # The system prompt's checkpoint, or (Gemma may cut a restored state back half a batch) the
+    # second session's prompt, which shares a few tokens more.
+    assert any(c["origin"] in ("system", "prompt") and c["hits"] >= 1 for c in overview["checkpoints"]["list"])
     assert overview["totals"]["checkpoint_hits"] == 1
 
 
