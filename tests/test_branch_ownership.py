@@ -215,3 +215,24 @@ def test_deleted_ids_are_remembered_within_a_bound() -> None:
         asyncio.run(run())
         assert len(registry._deleted) == DELETED_KEPT and f"{0:064x}" not in registry._deleted
         registry.close()
+
+
+def test_a_recall_gate_failure_serves_the_question_and_logs_its_traceback(caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51, item 11: the question is served as sent, and the log says where the gate failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        turns, _engine, registry = service(Path(tmp))
+
+        def broken(*_args: object) -> None:
+            raise KeyError("a unit the gate expected")
+
+        follow = Conversation((*history("You are the main agent.", "Why did the build fail?"),
+                               Message("user", "Which module hit the disk quota?")), READ, hints=HINTS)
+        with caplog.at_level("WARNING", logger="pflash.turns"):
+            asyncio.run(serve(turns, first_turns()))
+            turns.recall.rewrite = broken  # type: ignore[method-assign]
+            (last,) = asyncio.run(serve(turns, [follow]))
+        assert last.prompt.messages[-1].content == "Which module hit the disk quota?"
+        failures = [r for r in caplog.records if "recall gate failed" in r.getMessage()]
+        assert failures and failures[0].exc_info is not None and failures[0].exc_info[0] is KeyError
+        assert turns.stats()["recall_failures"] == 1
+        registry.close()
