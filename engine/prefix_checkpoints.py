@@ -87,13 +87,13 @@ class PrefixCheckpoints:
         longer prefix with it when cutting it back that far is safe (`rollback`)."""
         if self.tier is None:
             return None
-        last = len(tokens) - 1  # the last token must yield logits
         n = self.tier.longest(tokens, above=reuse)
         covered, common = self.tier.longest_common(tokens, self.rollback, above=max(n, reuse)) if self.rollback else ((), 0)
-        if min(max(n, common), last) <= reuse:
+        serves = min(max(n, common), len(tokens) - 1)  # the last token must yield logits
+        if serves <= reuse:
             return None
         found = self.tier.load(covered) if common > n else self.tier.load(tokens[:n])
-        return None if found is None else (*found, min(max(n, common), last))
+        return None if found is None else (*found, serves)
 
     def start(self, tokens: Sequence[int], reuse: int, restored_from: str,
               restore: Callable[[SavedState], bool]) -> StartPoint:

@@ -19,21 +19,18 @@ from typing import Any
 from cachetools import LRUCache
 
 from engine.base import PreparedPrompt
-from engine.constraints import ConstraintError, grammar_for
+from engine.constraints import MARKUPS, ConstraintError, grammar_for
 from engine.grammar_cache import grammar_key
 
 log = logging.getLogger("pflash.upstream")
 
-# The call markup a chat template spells, and the family engine/constraints.py shapes it as.
-FAMILIES = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
-
-
 def family_of(props: Mapping[str, Any]) -> str | None:
-    """The tool-call family of a llama-server (its /props: a build and a chat template), else None."""
+    """The tool-call family of a llama-server (its /props: a build and a chat template), else None:
+    the family engine/constraints.py shapes whose call marker the template spells."""
     template = props.get("chat_template")
     if not isinstance(template, str) or "build_info" not in props:
         return None
-    return next((family for marker, family in FAMILIES if marker in template), None)
+    return next((family for family, markup in MARKUPS.items() if markup.marker in template), None)
 
 
 class UpstreamGrammars:
