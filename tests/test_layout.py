@@ -17,7 +17,9 @@ MAX_LINES = 450
 
 
 def _modules(top: str) -> list[Path]:
-    return sorted(p for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts)
+    # Hidden folders hold caches, not the project's code (benchmarks/.cache: the clients' own files).
+    return sorted(p for p in (ROOT / top).rglob("*.py")
+                  if "__pycache__" not in p.parts and not any(part.startswith(".") for part in p.relative_to(ROOT).parts))
 
 
 def _runtime_packages() -> list[str]:
