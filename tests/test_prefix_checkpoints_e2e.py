@@ -8,6 +8,8 @@ Model: Gemma 3 270M (greedy; both engines).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import secrets
 import signal
 import time
 import uuid
@@ -151,8 +153,13 @@ def test_a_prompt_that_diverges_inside_a_checkpoint_reuses_their_common_prefix_w
 
 def claude_like(server: Gateway, session: str, question: str) -> tuple[Any, dict[str, str]]:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", default_headers={"X-Session-Id": session})
+    # Claude Code's first system block: its version suffix hashes part of the first user message
+    # (so it differs between these sessions) and `cch` changes on every request.
+    suffix = hashlib.sha256(question.encode()).hexdigest()[:3]
+    billing = f"x-anthropic-billing-header: cc_version=2.1.328.{suffix}; cc_entrypoint=sdk-cli; cch={secrets.token_hex(3)[:5]};"
     raw = client.messages.with_raw_response.create(
-        model="pflash-local", max_tokens=4, system=SYSTEM,
+        model="pflash-local", max_tokens=4,
+        system=[{"type": "text", "text": billing}, {"type": "text", "text": SYSTEM}],
         tools=[{"name": "read_file", "description": "Read a file of the repository.",
                 "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
         messages=[{"role": "user", "content": question}])

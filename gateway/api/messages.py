@@ -263,7 +263,7 @@ def _output_format(req: MessagesRequest) -> dict[str, Any] | None:
 def _parse(req: MessagesRequest, body: dict[str, Any], headers: Mapping[str, str]) -> Conversation:
     messages: list[Message] = []
     if req.system is not None:
-        # Per-request billing values would break the prefix cache at its very first tokens.
+        # Per-request and per-session billing values would break the shared prefix at its first tokens.
         system = strip_volatile_system(_text_blocks(req.system, "system"))
         if system:
             messages.append(Message("system", system))
