@@ -15,6 +15,7 @@ from benchmarks.bench_clients import (
     ANSWER_LIMIT,
     CLAUDE,
     CODEX,
+    INVOCATION_TIMEOUT_S,
     Invocation,
     claude_env,
     codex_env,
@@ -94,13 +95,17 @@ def run_tasks(ctx: BenchContext, model: Path, bins: Path, seeds: tuple[int, ...]
         gateway = GatewayProcess(root / "store", "--model", str(model), "--seed", str(seed),
                                  "--max-tokens-limit", str(ANSWER_LIMIT), ready_timeout=600)
         proxy = RecordingProxy(gateway.url)
+        # Every run of a client works in the same folder (a fresh home, the folder made anew), as a
+        # user's sessions in one project do: the working directory is part of Claude Code's system
+        # prompt, so a folder per run would leave only its first ~760 tokens to share.
+        work = root / client
         try:
-            work = root / f"{client}-{seed}"
             invocations = task(bins, proxy, work)
         finally:
             proxy.close()
             gateway.stop()
         answers = [final_answer(work / f"{i.label.replace(' ', '_')}.out") for i in invocations]
+        shutil.copytree(work, root / f"{client}-{seed}", ignore=shutil.ignore_patterns("home", "repo"))
         runs.append(TaskRun(client, seed, invocations, list(proxy.exchanges), answers))
     return runs
 
@@ -143,8 +148,9 @@ def run(ctx: BenchContext) -> Section:
         f"`{CLAUDE}` and `{CODEX}` (npm) in a fresh home and a git repository holding only calc.py "
         f"(`add` returns `a - b`; it prints -1), against the gateway serving **Qwen2.5-Coder-0.5B-Instruct** (the "
         f"served default) at its defaults but answers limited to {ANSWER_LIMIT} tokens (Claude Code asks for 32,000), "
-        "one gateway per run started with `--seed` over one store (prefix checkpoints carry over between runs, as on "
-        "a user's machine). Claude Code: "
+        "one gateway per run started with `--seed` over one store, every run of a client in the same folder made "
+        "anew with a fresh home (prefix checkpoints carry over between runs, as between a user's sessions in one "
+        f"project). Invocations are stopped after {INVOCATION_TIMEOUT_S} s (exit code 124). Claude Code: "
         f"`claude -p \"{ASK}\" --max-turns 3 --allowedTools Read`, then `claude -p --continue \"{FIX}\"`; Codex: "
         f"`codex exec \"{ASK}\"`, then `codex exec resume --last \"{FIX}\"`. Tool calls are every call the gateway "
         "answered, judged against the tools that request offered (name offered, arguments valid against its "
