@@ -96,17 +96,25 @@ def workspace(root: Path, calc: str = CALC) -> tuple[Path, Path]:
 
 
 def run_client(proxy: RecordingProxy, client: str, label: str, argv: list[str], repo: Path,
-               env: dict[str, str]) -> Invocation:
+               env: dict[str, str], timeout_s: float = INVOCATION_TIMEOUT_S) -> Invocation:
     proxy.label = f"{client} {label}"
     started = time.perf_counter()
     try:
         done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True,
-                              timeout=INVOCATION_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
-        rc, tail, ending = done.returncode, (done.stdout + done.stderr).strip()[-400:], ending_of(done.stdout)
-        (repo.parent / f"{label.replace(' ', '_')}.out").write_text(done.stdout + "\n--- stderr\n" + done.stderr)
-    except subprocess.TimeoutExpired:
-        rc, tail, ending = 124, f"timed out after {INVOCATION_TIMEOUT_S} s", "timeout"
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+        rc, out, err = done.returncode, done.stdout, done.stderr
+        tail, ending = (out + err).strip()[-400:], ending_of(out)
+    except subprocess.TimeoutExpired as stopped:
+        # What it wrote before the limit is kept: the events of a run that never ended are the evidence.
+        out, err = (as_text(stopped.stdout), as_text(stopped.stderr))
+        rc, tail, ending = 124, f"timed out after {timeout_s:.0f} s", "timeout"
+    (repo.parent / f"{label.replace(' ', '_')}.out").write_text(out + "\n--- stderr\n" + err)
     return Invocation(client, label, argv, rc, time.perf_counter() - started, tail, ending)
+
+
+def as_text(output: str | bytes | None) -> str:
+    """A stopped child's partial output, which subprocess leaves undecoded."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def claude_env(home: Path, proxy: RecordingProxy) -> dict[str, str]:

@@ -8,7 +8,7 @@ the sections "not for publication". `--quick` is a smoke run: small sizes, writt
 benchmarks/.cache/quick/, never into BENCHMARKS.md. A full run takes more than an hour on 2 cores,
 so the sections come in named suites (`--suite`), each of which regenerates whole sections.
 
-    .venv/bin/python benchmarks/run.py [--suite replay,clients,tasks,prefix,tool_grammar,latency,batching,resume,prefill,durability,crash,quality] [--quick] [--allow-dirty]
+    .venv/bin/python benchmarks/run.py [--suite replay,clients,tasks,tasks_15b,prefix,tool_grammar,latency,batching,resume,prefill,durability,crash,quality] [--quick] [--allow-dirty]
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ if str(ROOT) not in sys.path:  # run as a script: make the project's packages im
 from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md: the headline first.
-SECTION_ORDER = ["replay", "clients", "tasks", "prefix", "tool_grammar", "retention", "rag_retention", "recall", "head", "prefill", "overhead", "resume", "ttft",
+SECTION_ORDER = ["replay", "clients", "tasks", "tasks_15b", "prefix", "tool_grammar", "retention", "rag_retention", "recall", "head", "prefill", "overhead", "resume", "ttft",
                  "load", "batching", "faults", "durability", "crash"]
 # Named suites, each a set of whole sections; `make bench` with no --suite runs every section.
 SUITES = {
     "replay": ["replay"],
     "clients": ["clients"],
     "tasks": ["tasks"],
+    "tasks_15b": ["tasks_15b"],
     "prefix": ["prefix"],
     "tool_grammar": ["tool_grammar"],
     "latency": ["overhead", "ttft", "load", "faults"],
