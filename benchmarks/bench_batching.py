@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.common import (
+    BOTH_MODELS,
     FAST_MODEL,
+    NO_SERVED_DEFAULT,
     SERVED_DEFAULT,
     BenchContext,
     Section,
@@ -211,7 +213,6 @@ def _report(ctx: BenchContext, runs: list[ModelRun], served_default: bool) -> Se
         f"and streams a greedy answer of the length the table says. On {FAST_MODEL} and on the served default, "
         f"{SERVED_DEFAULT} (which prefills and decodes several times slower here, so with shorter histories, "
         "shorter answers and fewer rounds)"
-        + ("" if served_default else f" (**{SERVED_DEFAULT} is not installed here: its rows are missing**)")
         + ". For each model, two gateways in one run, `--n-ctx` twice the history: `--sequences 1`, the "
         "single-sequence engine, which serves one turn at a time and moves the other sessions' KV through the "
         "RAM tier, and `--sequences 4`, the batched engine (each session bound to a sequence of one context; "
@@ -222,8 +223,8 @@ def _report(ctx: BenchContext, runs: list[ModelRun], served_default: bool) -> Se
         + md_table(["model", "history tokens", "answer tokens", "rounds", "engine",
                     "output tokens/s, median (min–max) of rounds", "TTFT p50 s", "TTFT p99 s",
                     "slowest session's TTFT per round, s", "turns", "errors"], rows)
-        + "\n" + "".join(verdicts)
+        + "\n" + "".join(verdicts) + ("" if served_default else NO_SERVED_DEFAULT + "\n")
         + "\nThe engines' ratios above are measured against those ceilings.\n"
         + "\n![parallel agents](benchmarks/plots/batching.png)\n"
     )
-    return Section(TITLE, text, [plot], model=f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)")
+    return Section(TITLE, text, [plot], model=BOTH_MODELS)

@@ -15,7 +15,9 @@ from typing import Any
 from benchmarks.bench_ttft import terminal_log
 from benchmarks.capture_replay import metric_total
 from benchmarks.common import (
+    BOTH_MODELS,
     FAST_MODEL,
+    NO_SERVED_DEFAULT,
     SERVED_DEFAULT,
     BenchContext,
     Section,
@@ -138,10 +140,10 @@ def run(ctx: BenchContext) -> Section:
         + md_table(["model", "peak MiB", "weights MiB", "KV per sequence MiB", "anonymous at start MiB",
                     "grown by the workload MiB", "RAM tier MiB", "state buffers MiB", "files mapped by the workload MiB",
                     "long output compressed"], rows)
-        + ("" if qwen is not None else f"\n**{SERVED_DEFAULT} is not installed here: its row is missing.**\n")
+        + ("" if qwen is not None else f"\n{NO_SERVED_DEFAULT}\n")
     )
     raw = [{"model": m.name, "weights_mib": m.weights_mib, "idle_sequences_1": vars(m.idle_1), "idle": vars(m.idle),
             "busy": vars(m.busy), "tier_mib": m.tier_mib, "buffers_mib": m.buffers_mib, "compressed": m.compressed}
            for m in results]
-    return Section(TITLE, text, [], model=f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)",
+    return Section(TITLE, text, [], model=BOTH_MODELS,
                    raw=raw)

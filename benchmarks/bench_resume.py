@@ -6,7 +6,9 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.common import (
+    BOTH_MODELS,
     FAST_MODEL,
+    NO_SERVED_DEFAULT,
     SERVED_DEFAULT,
     BenchContext,
     Section,
@@ -75,8 +77,7 @@ def run(ctx: BenchContext) -> Section:
         "A real coding-agent history (mini-swe-agent sessions from ../shared/data, stitched to size) "
         f"on {FAST_MODEL} at three sizes and on the served default, {SERVED_DEFAULT}, at 16K tokens "
         "(its full prefill takes minutes here, so it is repeated fewer times: the table says how many) "
-        + ("" if qwen is not None else f"(**{SERVED_DEFAULT} is not installed here: its rows are missing**) ")
-        + "is served once and the server is stopped with SIGTERM (it flushes the session's KV state to "
+        "is served once and the server is stopped with SIGTERM (it flushes the session's KV state to "
         "disk). Then, repeatedly and interleaved (the first path rotating), the session's next turn "
         "is timed to its first streamed token on: a new server over a copy of that store whose files "
         "were evicted from the page cache (fsync, then POSIX_FADV_DONTNEED): a resume from a cold disk; "
@@ -98,5 +99,6 @@ def run(ctx: BenchContext) -> Section:
         "low bytes, near random and stored raw, and a plane of high bytes, stored as a zstd frame: the "
         "`stored` column, and the ratio beside it. Raw low bytes cost a resume no decompression.\n\n"
         "![resume](benchmarks/plots/resume_ttft.png)\n"
+        + ("" if qwen is not None else NO_SERVED_DEFAULT + "\n")
     )
-    return Section(TITLE, text, [plot], model=f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)")
+    return Section(TITLE, text, [plot], model=BOTH_MODELS)

@@ -7,7 +7,9 @@ import statistics
 from typing import Any
 
 from benchmarks.common import (
+    BOTH_MODELS,
     FAST_MODEL,
+    NO_SERVED_DEFAULT,
     SERVED_DEFAULT,
     BenchContext,
     Section,
@@ -88,7 +90,7 @@ def run(ctx: BenchContext) -> Section:
             speedup = statistics.median(r.full_s) / statistics.median(r.compressed_s)
             verdict += (f"{name}: at {r.tool_tokens:,} tokens the compressed turn's first token came {speedup:.2f}× "
                         f"sooner ({'meets' if speedup >= GOAL else 'misses'} the ≥ {GOAL:g}× goal at ~30K tokens). ")
-    missing = "" if qwen is not None else (f" **{SERVED_DEFAULT} is not installed here: its rows are missing.**")
+    missing = "" if qwen is not None else NO_SERVED_DEFAULT
     text = (
         "One agent turn whose new tool output is a terminal log of real sessions' outputs (request: "
         "the session's issue), on Gemma 3 270M and on the served default, Qwen2.5-Coder-0.5B-Instruct "
@@ -104,4 +106,4 @@ def run(ctx: BenchContext) -> Section:
                     "scorer s", "served tokens", "speed-up"], rows)
         + f"\n{verdict}\n\n![time to first token](benchmarks/plots/ttft_compression.png)\n"
     )
-    return Section(TITLE, text, [plot], model=f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)")
+    return Section(TITLE, text, [plot], model=BOTH_MODELS)

@@ -24,6 +24,8 @@ DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"  # never copied into the repo
 T = TypeVar("T")
 GATEWAY_BENCH_MODEL = "Gemma 3 270M Q4_K_M (fast base model, also the drafter)"
 FAST_MODEL, SERVED_DEFAULT = "Gemma 3 270M", "Qwen2.5-Coder-0.5B-Instruct"  # as rows name them
+BOTH_MODELS = f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)"
+NO_SERVED_DEFAULT = f" **{SERVED_DEFAULT} is not installed here: its rows are missing.**"
 log = logging.getLogger("pflash.bench")
 
 
