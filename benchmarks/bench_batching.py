@@ -11,7 +11,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.common import BenchContext, Section, coding_sessions, md_table, pyplot, savefig, spread
+from benchmarks.common import (
+    BOTH_MODELS,
+    FAST_MODEL,
+    NO_SERVED_DEFAULT,
+    SERVED_DEFAULT,
+    BenchContext,
+    Section,
+    coding_sessions,
+    md_table,
+    pyplot,
+    savefig,
+    spread,
+)
 from benchmarks.timing import agent_history, at_once, percentile, prepare_sessions, session_turn
 from gateway.process import GatewayProcess
 
@@ -103,14 +115,36 @@ def kernel_ceiling(model: Any, context_tokens: int, sequences: int, steps: int =
         asyncio.run(engine.close())
 
 
+@dataclass(frozen=True)
+class ModelRun:
+    name: str
+    history_tokens: int
+    answer_tokens: int
+    rounds: int
+    n_ctx: int
+    results: dict[str, Rounds]
+    ceiling: tuple[float, float]  # seconds of a decode step for one sequence, for all four
+
+
 def run(ctx: BenchContext) -> Section:
     sessions = coding_sessions(ctx, TITLE)
     if isinstance(sessions, Section):
         return sessions
+    # (model, file, history tokens, answer tokens, rounds): the served default prefills and decodes
+    # several times slower here, so its histories are shorter and it takes fewer rounds.
+    plan = [(FAST_MODEL, ctx.model_path, *((1024, 16, 2) if ctx.quick else (8192, 128, 5)))]
+    qwen = ctx.served_default()
+    if qwen is not None:
+        plan.append((SERVED_DEFAULT, qwen, *((256, 8, 1) if ctx.quick else (4096, 64, 3))))
+    runs = [measure(ctx, sessions, *spec) for spec in ctx.progress(plan, "batching, models")]
+    return _report(ctx, runs, qwen is not None)
+
+
+def measure(ctx: BenchContext, sessions: list[dict[str, Any]], name: str, model: Any, history_tokens: int,
+            answer_tokens: int, rounds: int) -> ModelRun:
     n_sessions = 4
-    history_tokens, answer_tokens, rounds = (1024, 16, 2) if ctx.quick else (8192, 128, 5)
     base = [agent_history(sessions[3 * i:], history_tokens, ctx.count_tokens) for i in range(n_sessions)]
-    n_ctx = 4096 if ctx.quick else 16384  # per session: its history and every round's question and answer
+    n_ctx = 4096 if ctx.quick else 2 * history_tokens  # per session: its history and every round's question and answer
     run_id = uuid.uuid4().hex[:8]
     work = ctx.cache_dir / "work" / f"batching-{run_id}"
     servers: dict[str, GatewayProcess] = {}
@@ -119,72 +153,78 @@ def run(ctx: BenchContext) -> Section:
     try:
         for label, sequences in ENGINES.items():
             servers[label] = GatewayProcess(
-                work / sequences, "--model", str(ctx.model_path), "--n-ctx", str(n_ctx), "--sequences", sequences,
+                work / sequences, "--model", str(model), "--n-ctx", str(n_ctx), "--sequences", sequences,
                 "--threshold", "1000000000", "--ram-budget-mb", "4096", "--queue-size", "16",
-                "--repeated-line-stop", "0")
+                "--repeated-line-stop", "0", ready_timeout=600)
             histories[label] = prepare_sessions(servers[label].url, [list(h) for h in base], f"{run_id}-{ENGINES[label]}")
         # Interleaved, one engine at a time: each round sees the same machine state on both.
-        for r in ctx.progress(range(rounds), "batching rounds", total=rounds):
+        for r in ctx.progress(range(rounds), f"batching rounds, {name}", total=rounds):
             for label in (list(ENGINES) if r % 2 == 0 else list(reversed(ENGINES))):
                 one_round(servers[label].url, histories[label], f"{run_id}-{ENGINES[label]}", answer_tokens, results[label])
     finally:
         for server in servers.values():
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    ceiling = kernel_ceiling(ctx.model_path, history_tokens, len(base))
-    return _report(ctx, results, history_tokens, answer_tokens, rounds, n_ctx, ceiling)
+    ceiling = kernel_ceiling(model, history_tokens, len(base))
+    return ModelRun(name, history_tokens, answer_tokens, rounds, n_ctx, results, ceiling)
 
 
-def _report(ctx: BenchContext, results: dict[str, Rounds], history_tokens: int, answer_tokens: int, rounds: int,
-            n_ctx: int, ceiling: tuple[float, float]) -> Section:
-    single, batched = (results[label] for label in ENGINES)
-    rows = []
-    for label, r in results.items():
-        p50 = statistics.median(r.ttft_s) if r.ttft_s else float("nan")
-        p99 = percentile(r.ttft_s, 99) if r.ttft_s else float("nan")
-        rows.append([label, spread(r.tokens_per_s, 1), f"{p50:.2f}", f"{p99:.2f}", spread(r.worst_ttft_s),
-                     str(len(r.ttft_s)), str(r.errors)])
-    ratios = [b / s for b, s in zip(batched.tokens_per_s, single.tokens_per_s) if s]
-    ratio = statistics.median(ratios) if ratios else float("nan")
-    worst_ratio = [b / s for b, s in zip(batched.worst_ttft_s, single.worst_ttft_s) if s]
-    met = ratio >= THROUGHPUT_GOAL
-    ttft_met = bool(worst_ratio) and max(worst_ratio) <= 1.0
+def _report(ctx: BenchContext, runs: list[ModelRun], served_default: bool) -> Section:
+    rows, verdicts = [], []
+    for m in runs:
+        single, batched = (m.results[label] for label in ENGINES)
+        for label, r in m.results.items():
+            p50 = statistics.median(r.ttft_s) if r.ttft_s else float("nan")
+            p99 = percentile(r.ttft_s, 99) if r.ttft_s else float("nan")
+            rows.append([m.name, f"{m.history_tokens:,}", m.answer_tokens, m.rounds, label, spread(r.tokens_per_s, 1),
+                         f"{p50:.2f}", f"{p99:.2f}", spread(r.worst_ttft_s), str(len(r.ttft_s)), str(r.errors)])
+        ratios = [b / s for b, s in zip(batched.tokens_per_s, single.tokens_per_s) if s]
+        ratio = statistics.median(ratios) if ratios else float("nan")
+        worst_ratio = [b / s for b, s in zip(batched.worst_ttft_s, single.worst_ttft_s) if s]
+        ttft_met = bool(worst_ratio) and max(worst_ratio) <= 1.0
+        one, four = m.ceiling
+        verdicts.append(
+            f"- **{m.name}**: aggregate throughput, batched over single, median of the {len(ratios)} paired rounds: "
+            f"**{ratio:.2f}×** (goal ≥ {THROUGHPUT_GOAL:.0f}×: {'met' if ratio >= THROUGHPUT_GOAL else 'not met'}). "
+            "The slowest session's time to first token, batched over single per round: "
+            + (", ".join(f"{x:.2f}×" for x in worst_ratio) or "n/a")
+            + f" (goal: never worse than the single engine's queueing: {'met' if ttft_met else 'not met'}). "
+            f"The ceiling, llama.cpp alone: with every sequence holding {m.history_tokens:,} tokens, one decode "
+            f"step takes {1000 * one:.1f} ms for one sequence's next token and {1000 * four:.1f} ms for four "
+            f"sequences' at once, so batching can give at most **{4 * one / four:.2f}×** the output rate here.\n")
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
-    labels = list(results)
-    left.bar(labels, [statistics.median(results[x].tokens_per_s) for x in labels], color=["#888", "#2a7"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    labels = [f"{m.name.split('-Instruct')[0]}\n{label}" for m in runs for label in ENGINES]
+    rates = [statistics.median(m.results[label].tokens_per_s) for m in runs for label in ENGINES]
+    left.bar(range(len(labels)), rates, color=["#888", "#2a7"] * len(runs))
+    left.set_xticks(range(len(labels)), labels)
     left.set_ylabel("output tokens/s, all sessions")
-    right.boxplot([results[x].ttft_s for x in labels])
+    right.boxplot([m.results[label].ttft_s for m in runs for label in ENGINES])
     right.set_xticks(range(1, len(labels) + 1), labels)
     right.set_ylabel("time to first token (s)")
+    right.set_yscale("log")
     for ax in (left, right):
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=6)
         ax.grid(alpha=0.3, axis="y")
     plot = savefig(fig, ctx.plot_path("batching.png"))
     text = (
-        f"4 sessions, each a real coding-agent history of ~{history_tokens:,} tokens served once before (its "
-        f"full prefill, not timed), ask at once, {rounds} rounds: each round every session sends its history "
-        f"plus a new question and streams a {answer_tokens}-token greedy answer. Two gateways in one run, "
-        f"same model, `--n-ctx {n_ctx:,}`: `--sequences 1`, the "
+        "4 sessions, each a real coding-agent history served once before (its full prefill, not timed), ask at "
+        "once for the rounds the table says: each round every session sends its history plus a new question "
+        f"and streams a greedy answer of the length the table says. On {FAST_MODEL} and on the served default, "
+        f"{SERVED_DEFAULT} (which prefills and decodes several times slower here, so with shorter histories, "
+        "shorter answers and fewer rounds)"
+        + ". For each model, two gateways in one run, `--n-ctx` twice the history: `--sequences 1`, the "
         "single-sequence engine, which serves one turn at a time and moves the other sessions' KV through the "
-        "RAM tier, and `--sequences 4`, the batched engine (each session bound to a sequence of one context, "
-        f"{n_ctx:,} tokens each; "
+        "RAM tier, and `--sequences 4`, the batched engine (each session bound to a sequence of one context; "
         "one llama_decode per step carries every answering session's next token and the prompt chunks of "
         "those still prefilling). Rounds alternate which engine goes first. Throughput is all sessions' "
         "output tokens over the round's wall time; time to first token is per turn, from sending to the "
         "first streamed token.\n\n"
-        + md_table(["engine", "output tokens/s, median (min–max) of rounds", "TTFT p50 s", "TTFT p99 s",
+        + md_table(["model", "history tokens", "answer tokens", "rounds", "engine",
+                    "output tokens/s, median (min–max) of rounds", "TTFT p50 s", "TTFT p99 s",
                     "slowest session's TTFT per round, s", "turns", "errors"], rows)
-        + f"\nAggregate throughput, batched over single, median of the {len(ratios)} paired rounds: **{ratio:.2f}×** "
-        f"(goal ≥ {THROUGHPUT_GOAL:.0f}×: {'met' if met else 'not met'}). The slowest session's time to first "
-        "token, batched over single per round: "
-        + (", ".join(f"{x:.2f}×" for x in worst_ratio) or "n/a")
-        + f" (goal: never worse than the single engine's queueing: {'met' if ttft_met else 'not met'}).\n"
-        + f"\nThe ceiling on this machine, llama.cpp alone (no gateway): with every sequence holding "
-        f"{history_tokens:,} tokens, one decode step takes {1000 * ceiling[0]:.1f} ms for one sequence's next "
-        f"token and {1000 * ceiling[1]:.1f} ms for four sequences' at once, "
-        f"so batching can give at most **{4 * ceiling[0] / ceiling[1]:.2f}×** the output rate here (four rows "
-        f"of a step cost {ceiling[1] / ceiling[0]:.1f}× one). The engine's ratio above is measured against that.\n"
+        + "\n" + "".join(verdicts) + ("" if served_default else NO_SERVED_DEFAULT + "\n")
+        + "\nThe engines' ratios above are measured against those ceilings.\n"
         + "\n![parallel agents](benchmarks/plots/batching.png)\n"
     )
-    return Section(TITLE, text, [plot])
+    return Section(TITLE, text, [plot], model=BOTH_MODELS)

@@ -84,7 +84,7 @@ def report(reference: Run, matrix: Run, control: Run, tool_tokens: int, quick: b
         f"One session of four turns (turn 2: a {tool_tokens:,}-token file read, turn 3: a question about a "
         "function its compression left out) with a second session between turns, at RAM budget 0 so every "
         "switch spills the first session's KV to disk; default settings otherwise (`record_sync = \"batched\"`, "
-        f"threshold {'1,500 in this quick run' if quick else '16,384'}, BM25), greedy answers of 12 tokens. "
+        f"threshold {'1,500 in this quick run' if quick else '16,384'}, the default ranker), greedy answers of 12 tokens. "
         f"The reference is the same script on a server that never fails (turn 2 compressed: "
         f"{'yes' if compressed else '**no**'}; turn 3 recalled: {'yes' if recalled else '**no**'}). The matrix "
         f"kills the server with SIGKILL at {len(matrix.kills)} points (seed {SEED}) and restarts it on the "

@@ -59,9 +59,11 @@ def run(ctx: BenchContext) -> Section:
         f"{max(levels)} sessions, each a real coding-agent history of ~{history_tokens:,} tokens, are served "
         "once (their full prefill, not timed). Then " + ", ".join(map(str, levels)) + " clients at once each take "
         f"{turns} short turns of their own session (a one-line question, 4 output tokens, greedy). The "
-        "engine serves one turn at a time, so with more than one client every turn switches it to "
-        "another session's KV state: from the RAM tier at its default budget, and, on the same store "
-        "after a restart with `--ram-budget-mb 0`, from disk. Latency is per turn, from sending to the "
+        "engine decodes the turns of up to 4 sessions together (its default `sequences = 4`, each sequence "
+        "holding one session's KV); a turn of a session that holds no sequence first has its KV state restored "
+        "into one (the least recently used session's is stashed to the tier first): from the RAM tier at its "
+        "default budget, and, on the same store after a restart with `--ram-budget-mb 0`, from disk. "
+        "With 8 clients every turn can need such a switch. Latency is per turn, from sending to the "
         "whole response; the state moved is what the gateway's log reports restored into the context.\n\n"
         + md_table(["RAM tier", "concurrent sessions", "turns", "errors", "turns/s", "p50 ms", "p99 ms",
                     "state restored, MB by tier", "MB restored/s"], rows)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.scoring.bundle import bundle_of
-from benchmarks.intervals import bootstrap, ci_cell, pooled_cell
+from benchmarks.intervals import bootstrap, ci_cell, pooled_cell, verdict
 from benchmarks.common import (
     BenchContext,
     MemoBundle,
@@ -261,11 +261,44 @@ def run(ctx: BenchContext) -> Section:
             got = results[name].outcomes.setdefault(key, [])
             got.extend([None] * (len(cases) - len(got)))
     md, plots = _report(ctx, cases, refused, results, keys, notes, threshold, build_seconds, heavy_limit)
-    return Section(TITLE, md, plots)
+    return Section(TITLE, md, plots, raw=_samples(cases, results, keys))
+
+
+def _samples(cases: Sequence[Case], results: dict[str, MethodResult], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Every output with its session and each method's outcome per budget (null: not run on it)."""
+    def told(o: Outcome | None) -> dict[str, Any] | None:
+        return None if o is None else {"kept": o.retention, "served_share": o.served_share,
+                                       "compressed": o.compressed, "named": o.named, "unnamed": o.unnamed}
+
+    return [{"output": c.output.id, "session": session_of(c), "repo": c.output.repo, "kind": c.output.kind,
+             "request": c.request, "tokens": c.tokens, "gold_lines": len(c.output.gold),
+             "methods": {name: {key: told(r.outcomes[key][i]) for key in keys} for name, r in results.items()}}
+            for i, c in enumerate(cases)]
 
 
 def _values(result: MethodResult, key: str, idx: Sequence[int]) -> list[float]:
     return [o.retention for i in idx if (o := result.outcomes[key][i]) is not None]
+
+
+def session_of(case: Case) -> str:
+    return case.output.id.split("#")[0]
+
+
+def _measured(result: MethodResult, key: str, idx: Sequence[int]) -> list[tuple[int, Outcome]]:
+    return [(i, o) for i in idx if (o := result.outcomes[key][i]) is not None]
+
+
+def _cell(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:
+    """Mean share per output, its interval resampling sessions."""
+    got = _measured(result, key, idx)
+    return ci_cell([o.retention for _, o in got], [session_of(cases[i]) for i, _ in got])
+
+
+def _per_gold_line(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:
+    """Share of all gold lines (an output with many counts for more), its interval resampling sessions."""
+    got = _measured(result, key, idx)
+    return pooled_cell([(o.retention * len(cases[i].output.gold), len(cases[i].output.gold)) for i, o in got],
+                       [session_of(cases[i]) for i, _ in got])
 
 
 def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: dict[str, MethodResult],
@@ -286,7 +319,8 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
         + (f"; {len(refused)} refused by admission and left out" if refused else "")
         + f"); gold lines per output: median {statistics.median(golds):g}, total {sum(golds)}. "
         "Outputs as serving sees them: session logs with the task as request, tool outputs with the agent's "
-        "asking turn. Means over outputs with bootstrap 95 % intervals.\n"]
+        "asking turn. Means over outputs; 95 % intervals by a bootstrap that resamples whole sessions (the "
+        "outputs of one session share its repository, task and padding, so they are not independent).\n"]
     if ctx.quick:
         out.append("**Quick run:** small outputs and few sessions; a smoke test of the benchmark, not a result.\n")
     light = [n for n in LIGHT if n in results]
@@ -295,27 +329,33 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     for name in [*light, *BASELINES]:
         vals = {k: _values(results[name], k, serving) for k in (CURVE, *map(str, TABLE_RATIOS))}
         whole = sum(1 for i in serving if (o := results[name].outcomes["0.27"][i]) is not None and not o.compressed)
-        rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), ci_cell(vals["0.15"]),
-                     ci_cell(vals["0.27"]), pct(mean(vals["0.4"])), str(whole)])
-    out.append("Share of gold lines kept (outputs as serving sees them; served-whole outputs count as kept):\n")
-    out.append(md_table(["method", "outputs", "curve budget", "15 % (95 % CI)", "27 % (95 % CI)", "40 %",
-                         "served whole at 27 %"], rows))
+        rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), _cell(results[name], "0.15", serving, cases),
+                     _cell(results[name], "0.27", serving, cases), _per_gold_line(results[name], "0.27", serving, cases),
+                     pct(mean(vals["0.4"])), str(whole)])
+    out.append("Share of gold lines kept (outputs as serving sees them; served-whole outputs count as kept), the "
+               "mean over outputs and, beside it, the share of all gold lines (an output with many gold lines "
+               "counts for more):\n")
+    out.append(md_table(["method", "outputs", "curve budget", "15 % (95 % CI)", "27 % (95 % CI)",
+                         "27 %, per gold line (95 % CI) of n", "40 %", "served whole at 27 %"], rows))
     occ_rows = []
     for name in [*light, *BASELINES]:
-        got = [o for i in serving if (o := results[name].outcomes["0.27"][i]) is not None]
-        occ_rows.append([name, pooled_cell([(o.named[0] + o.unnamed[0], o.named[1] + o.unnamed[1]) for o in got]),
-                         pooled_cell([o.named for o in got]), pooled_cell([o.unnamed for o in got])])
+        measured = _measured(results[name], "0.27", serving)
+        got, sessions = [o for _, o in measured], [session_of(cases[i]) for i, _ in measured]
+        occ_rows.append([name, pooled_cell([(o.named[0] + o.unnamed[0], o.named[1] + o.unnamed[1]) for o in got],
+                                           sessions),
+                         pooled_cell([o.named for o in got], sessions), pooled_cell([o.unnamed for o in got], sessions)])
     out.append("\nGold counted per occurrence at 27 % (a line that appears three times counts three times), and "
                "apart for the occurrences whose line the request itself names verbatim (the easy ones: any "
-               "lexical scorer finds them) and the rest. Shares of all occurrences, intervals resampling outputs:\n")
+               "lexical scorer finds them) and the rest. Shares of all occurrences, intervals resampling sessions:\n")
     out.append(md_table(["method", "all occurrences (95 % CI) of n", "named in the request", "not named"], occ_rows))
     own_shape = [i for i, c in enumerate(cases) if c.request == AS_USER]
     if own_shape:
         shape_rows = []
         for name in [*light, *BASELINES]:
             vals = {k: _values(results[name], k, own_shape) for k in (CURVE, *map(str, TABLE_RATIOS))}
-            shape_rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), ci_cell(vals["0.15"]),
-                               ci_cell(vals["0.27"]), pct(mean(vals["0.4"]))])
+            shape_rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])),
+                               _cell(results[name], "0.15", own_shape, cases),
+                               _cell(results[name], "0.27", own_shape, cases), pct(mean(vals["0.4"]))])
         out.append("\nThe same tool outputs in the agent's own shape: mini-swe-agent sends every output as a user "
                    "message in its `<returncode>`/`<output>` wrapper, so the long one arrives after the whole session "
                    "as it was sent (earlier outputs, warnings and format complaints included), and the request finder "
@@ -325,23 +365,24 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     by_rows = []
     for label, idx in groups.items():
         for name in [*light, "head+tail"]:
-            by_rows.append([label, name, str(len(idx)), ci_cell(_values(results[name], "0.27", idx))])
+            by_rows.append([label, name, str(len(idx)), _cell(results[name], "0.27", idx, cases)])
     out.append("\nBy output shape and request, at 27 %:\n")
     out.append(md_table(["output, request", "method", "outputs", "27 % (95 % CI)"], by_rows, "llrr"))
     if "bm25" in results:
         diff_rows = []
         base = results["bm25"]
         for name in [n for n in light if n != "bm25"]:
-            pairs = [(o.retention - b.retention) for i in serving
-                     if (o := results[name].outcomes["0.27"][i]) is not None and (b := base.outcomes["0.27"][i]) is not None]
-            lo, hi = bootstrap(pairs)
+            both = [(i, o.retention - b.retention) for i in serving
+                    if (o := results[name].outcomes["0.27"][i]) is not None and (b := base.outcomes["0.27"][i]) is not None]
+            pairs = [d for _, d in both]
+            lo, hi = bootstrap(pairs, groups=[session_of(cases[i]) for i, _ in both])
             diff_rows.append([name, str(len(pairs)), f"{100 * (mean(pairs) or 0):+.1f} points ({100 * lo:+.1f}…{100 * hi:+.1f})"])
         if diff_rows:
             out.append("\nPaired difference against BM25 at 27 % (same outputs):\n")
             out.append(md_table(["scorer", "outputs", "gain over bm25 (95 % CI)"], diff_rows))
     if heavy:
         sub = list(range(min(heavy_limit, len(cases))))
-        rows = [[name, str(len(_values(results[name], "0.27", sub))), ci_cell(_values(results[name], "0.27", sub))]
+        rows = [[name, str(len(_values(results[name], "0.27", sub))), _cell(results[name], "0.27", sub, cases)]
                 for name in [*heavy, *light]]
         out.append(f"\nDrafter scorers read every token through the 270M model (seconds per output): on the first "
                    f"{len(sub)} outputs only, every other scorer on the same outputs:\n")
@@ -363,7 +404,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     out.append(md_table(["scorer", "time per 1K tokens", "tokens/s", "outputs"], time_rows))
     plot = _plot(ctx, results, [*light, *BASELINES], keys, serving)
     out.append(f"\n![{plot.stem}](benchmarks/plots/{plot.name})\n")
-    out.append("\n" + _commentary(results, light, serving, own_shape))
+    out.append("\n" + _commentary(results, light, serving, own_shape, cases))
     return "\n".join(out), [plot]
 
 
@@ -387,23 +428,36 @@ def _plot(ctx: BenchContext, results: dict[str, MethodResult], names: Sequence[s
     return savefig(fig, ctx.plot_path("retention_vs_budget.png"))
 
 
-def _goal_line(results: dict[str, MethodResult], idx: Sequence[int], what: str) -> str:
-    """The default scorer against issue 40's goals on the outputs `idx`."""
-    def at(name: str, key: str) -> float:
-        return mean(_values(results[name], key, idx)) or 0.0
-
+def _goal_line(results: dict[str, MethodResult], idx: Sequence[int], cases: Sequence[Case], what: str) -> str:
+    """The default scorer against issue 40's goals on the outputs `idx`, each verdict read with its
+    session-resampled interval."""
     if "ranker" not in results or "bm25" not in results or not idx:
         return ""
-    r27, r15, gain = at("ranker", "0.27"), at("ranker", "0.15"), at("ranker", "0.27") - at("bm25", "0.27")
-    verdicts = [f"≥ {pct(GOAL, 0)} at 27 %: {pct(r27)}, " + ("met" if r27 >= GOAL else "not met"),
-                f"≥ {pct(GOAL_15, 0)} at 15 %: {pct(r15)}, " + ("met" if r15 >= GOAL_15 else "not met"),
-                f"≥ {100 * GOAL_OVER_BM25:.0f} points over BM25 at 27 %: {100 * gain:+.1f}, "
-                + ("met" if gain >= GOAL_OVER_BM25 else "not met")]
-    return f"- The default `ranker` on {what}: " + "; ".join(verdicts) + "."
+
+    def share(name: str, key: str) -> tuple[float, tuple[float, float]]:
+        got = _measured(results[name], key, idx)
+        values = [o.retention for _, o in got]
+        return mean(values) or 0.0, bootstrap(values, groups=[session_of(cases[i]) for i, _ in got])
+
+    def gain() -> tuple[float, tuple[float, float]]:
+        both = [(i, o.retention - b.retention) for i in idx if (o := results["ranker"].outcomes["0.27"][i]) is not None
+                and (b := results["bm25"].outcomes["0.27"][i]) is not None]
+        diffs = [d for _, d in both]
+        return mean(diffs) or 0.0, bootstrap(diffs, groups=[session_of(cases[i]) for i, _ in both])
+
+    def told(goal: float, point: float, interval: tuple[float, float], points: bool = False) -> str:
+        shown = (f"{100 * point:+.1f} ({100 * interval[0]:+.1f}…{100 * interval[1]:+.1f})" if points else
+                 f"{pct(point)} ({pct(interval[0], 0)}–{pct(interval[1], 0)})")
+        return f"{shown}, {verdict(point, interval, goal)}"
+
+    verdicts = [f"≥ {pct(GOAL, 0)} at 27 %: " + told(GOAL, *share("ranker", "0.27")),
+                f"≥ {pct(GOAL_15, 0)} at 15 %: " + told(GOAL_15, *share("ranker", "0.15")),
+                f"≥ {100 * GOAL_OVER_BM25:.0f} points over BM25 at 27 %: " + told(GOAL_OVER_BM25, *gain(), points=True)]
+    return f"- The default `ranker` on {what} ({len(idx)} outputs): " + "; ".join(verdicts) + "."
 
 
 def _commentary(results: dict[str, MethodResult], light: Sequence[str], idx: Sequence[int],
-                own_shape: Sequence[int]) -> str:
+                own_shape: Sequence[int], cases: Sequence[Case]) -> str:
     from policies.budget import DEFAULT_CURVE_SPEC, parse_curve, token_budget
 
     at = {name: mean(_values(results[name], "0.27", idx)) for name in (*light, *BASELINES) if name in results}
@@ -412,8 +466,14 @@ def _commentary(results: dict[str, MethodResult], light: Sequence[str], idx: Seq
     if best is not None and at.get("bm25") is not None:
         lines.append(f"- At 27 % the best scorer is `{best}` ({pct(at[best])}; BM25 {pct(at['bm25'])}, head+tail "
                      f"{pct(at.get('head+tail'))}, random {pct(at.get('random'))}).")
-    lines.extend(line for line in (_goal_line(results, idx, "outputs as serving sees them"),
-                                   _goal_line(results, own_shape, "tool outputs in the agent's own shape")) if line)
+    tools_only = [i for i in idx if cases[i].output.kind == "tool_output"]
+    lines.extend(line for line in (
+        _goal_line(results, idx, cases, "outputs as serving sees them"),
+        # Session logs hold the fix itself, and their gold is the lines it removes: a feature that reads
+        # whether a later command edits a file comes close to reading the label there.
+        _goal_line(results, tools_only, cases, "tool outputs alone, without the session logs (whose gold is "
+                   "the lines the fix removes, and which contain the fix)"),
+        _goal_line(results, own_shape, cases, "tool outputs in the agent's own shape")) if line)
     curve = parse_curve(DEFAULT_CURVE_SPEC)
     lines.append("- The default budget curve (`" + DEFAULT_CURVE_SPEC + "`) keeps " + " and ".join(
         f"{pct(token_budget(n, curve) / n)} of a {n:,}-token output" for n in CURVE_POINTS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.bench_clients import (
@@ -169,4 +169,11 @@ def run_with(ctx: BenchContext, spec: ChunkedModel, title: str, role: str) -> Se
                     "wall s"], run_rows(runs))
         + "\n" + "".join(f"- {v}\n" for v in verdicts)
     )
-    return Section(title, text, [], model=spec.label)
+    return Section(title, text, [], model=spec.label, raw=[
+        {"client": r.client, "seed": r.seed, "right": r.right, "answers": r.answers,
+         "invocations": [{"label": i.label, "rc": i.rc, "seconds": i.seconds, "ending": i.ending}
+                         for i in r.invocations],
+         "requests": [{"label": e.label, "path": e.path, "status": e.status, "prompt_tokens": e.prompt_tokens,
+                       "cached_tokens": e.cached_tokens, "seconds": e.seconds, "first_content_s": e.first_content_s,
+                       "calls": [asdict(c) for c in e.calls]} for e in r.exchanges if e.method == "POST"]}
+        for r in runs])

@@ -78,7 +78,7 @@ class LlamaServer:
     def __init__(self, binary: Path, model: Path, n_ctx: int, log: Path) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self._log = log.open("wb")
+        self._log = log.open("ab")  # a restart appends
         self._proc = subprocess.Popen([str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
                                        "-c", str(n_ctx), "-t", str(os.cpu_count() or 1), "--metrics", "--jinja"],
                                       stdout=self._log, stderr=subprocess.STDOUT)
@@ -93,11 +93,13 @@ class LlamaServer:
         self._log.close()
 
 
-def llama_server_binary(root: Path) -> Path | None:
-    """Build (once) and return llama-server, or None when it cannot be built here."""
+def llama_server_binary(root: Path, build: bool = True) -> Path | None:
+    """Build (once) and return llama-server, or None when it cannot be built here (or, with `build`
+    off, was not built before)."""
+    env = {**os.environ, **({} if build else {"PFLASH_NO_BUILD": "1"})}
     try:
         out = subprocess.run(["bash", "scripts/build_llama_server.sh"], cwd=root, capture_output=True, text=True,
-                             check=True, timeout=3600)
+                             check=True, timeout=3600, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     path = Path(out.stdout.strip().splitlines()[-1])

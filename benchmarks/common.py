@@ -23,6 +23,9 @@ DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data"  # never copied into the repo
 
 T = TypeVar("T")
 GATEWAY_BENCH_MODEL = "Gemma 3 270M Q4_K_M (fast base model, also the drafter)"
+FAST_MODEL, SERVED_DEFAULT = "Gemma 3 270M", "Qwen2.5-Coder-0.5B-Instruct"  # as rows name them
+BOTH_MODELS = f"{FAST_MODEL} Q4_K_M and {SERVED_DEFAULT} Q4_K_M (the served default)"
+NO_SERVED_DEFAULT = f" **{SERVED_DEFAULT} is not installed here: its rows are missing.**"
 log = logging.getLogger("pflash.bench")
 
 
@@ -34,6 +37,8 @@ class Section:
     # The model(s) the section ran, named under its heading: most sections measure the gateway,
     # not the model, on the fast one.
     model: str = GATEWAY_BENCH_MODEL
+    # Per-sample results (JSON-able), written beside the markdown so its intervals can be recomputed.
+    raw: Any = None
 
 
 @dataclass
@@ -67,6 +72,16 @@ class BenchContext:
                 self.model_error = str(exc)
 
     # --- shared resources ------------------------------------------------------------------------
+
+    def served_default(self) -> Path | None:
+        """The model `make serve` serves (Qwen2.5-Coder-0.5B-Instruct), for the rows a user of the
+        defaults reads; None when it is not installed (the sections say so)."""
+        from engine.models.parts import QWEN_CODER_05B, ModelFileError, assemble
+
+        try:
+            return assemble(QWEN_CODER_05B, self.cache_dir / "models")
+        except (ModelFileError, OSError):
+            return None
 
     @property
     def tokenizer(self) -> Any:

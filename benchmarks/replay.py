@@ -6,8 +6,9 @@ assistant messages (not any server's own output), so the requests are identical 
 The turns of all sessions are interleaved (three agents on one workstation), and within a turn the
 servers take turns going first, so a slow minute of the machine does not fall on one server only.
 
-Servers: the gateway (`GatewayTarget`), llama-cpp-python's own OpenAI server with its prompt cache
-(`LlamaServerTarget`), and the floor (`FloorTarget`): llama-cpp-python called in-process, one
+Servers: the gateway (`GatewayTarget`), llama.cpp's own llama-server, what users run
+(`LlamaCppServerTarget`), llama-cpp-python's OpenAI server with its prompt cache (`LlamaServerTarget`),
+and the floor (`FloorTarget`): llama-cpp-python called in-process, one
 context per session, prefilling only each turn's new tokens: what those tokens alone cost.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+from benchmarks.capture_replay import LLAMA_SERVER_PREFILLED, LlamaServer, metric_total
 from benchmarks.timing import stream_turn, wait_until_up
 from gateway.process import GatewayProcess, free_port
 
@@ -76,6 +78,35 @@ class GatewayTarget:
     def restart(self) -> None:
         self._server.stop()  # SIGTERM: the gateway flushes every session to its store
         self._server = GatewayProcess(self._store, *self._flags, ready_timeout=300)
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class LlamaCppServerTarget:
+    """llama.cpp's llama-server at its defaults (its prompt cache on, in RAM: a restart loses it). The
+    tokens it prefilled are read from its /metrics around each turn (turns are sent one at a time)."""
+
+    def __init__(self, binary: Path, model: Path, n_ctx: int, work: Path) -> None:
+        self.name = f"llama-server {binary.name.removeprefix('llama-server-')}"
+        self._start_args = (binary, model, n_ctx, work / f"llama-server-{uuid.uuid4().hex[:8]}.log")
+        work.mkdir(parents=True, exist_ok=True)
+        self._server = LlamaServer(*self._start_args)
+
+    def turn(self, session: int, turn: int, messages: list[dict[str, str]], max_tokens: int) -> TurnResult:
+        url = self._server.url
+        before = metric_total(url, LLAMA_SERVER_PREFILLED)
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                "stream_options": {"include_usage": True}}
+        got = stream_turn(url, body, timeout=3600)
+        prefilled = metric_total(url, LLAMA_SERVER_PREFILLED) - before
+        prompt = int(got.usage.get("prompt_tokens", 0))
+        return TurnResult(self.name, session, turn, got.ttft, prompt, max(prompt - int(prefilled), 0),
+                          overflow=got.status == 400)
+
+    def restart(self) -> None:
+        self._server.stop()
+        self._server = LlamaServer(*self._start_args)
 
     def stop(self) -> None:
         self._server.stop()

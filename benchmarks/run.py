@@ -8,7 +8,7 @@ the sections "not for publication". `--quick` is a smoke run: small sizes, writt
 benchmarks/.cache/quick/, never into BENCHMARKS.md. A full run takes more than an hour on 2 cores,
 so the sections come in named suites (`--suite`), each of which regenerates whole sections.
 
-    .venv/bin/python benchmarks/run.py [--suite replay,clients,tasks,tasks_15b,prefix,tool_grammar,latency,batching,resume,prefill,durability,crash,quality] [--quick] [--allow-dirty]
+    .venv/bin/python benchmarks/run.py [--suite replay,clients,tasks,tasks_15b,prefix,tool_grammar,latency,batching,memory,resume,prefill,durability,crash,quality] [--quick] [--allow-dirty]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
+import tomllib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from benchmarks.common import BenchContext, Section, machine_line
 
 # Fixed order of BENCHMARKS.md: the headline first.
 SECTION_ORDER = ["replay", "clients", "tasks", "tasks_15b", "prefix", "tool_grammar", "retention", "rag_retention", "recall", "head", "prefill", "overhead", "resume", "ttft",
-                 "load", "batching", "faults", "durability", "crash"]
+                 "load", "batching", "memory", "faults", "durability", "crash"]
 # Named suites, each a set of whole sections; `make bench` with no --suite runs every section.
 SUITES = {
     "replay": ["replay"],
@@ -48,6 +49,7 @@ SUITES = {
     "tool_grammar": ["tool_grammar"],
     "latency": ["overhead", "ttft", "load", "faults"],
     "batching": ["batching"],
+    "memory": ["memory"],
     "resume": ["resume"],
     "prefill": ["prefill"],
     "durability": ["durability"],
@@ -107,8 +109,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="at most N sessions / conversations per section (not the published configuration)")
     p.add_argument("--drafter-sessions", type=int, default=None, metavar="N",
                    help="at most N cases read by the drafter scorers (not the published configuration)")
-    p.add_argument("--split", choices=["test", "validation", "train"], default="test",
-                   help="data split of benchmarks/training/splits.json (publish test only; tune on validation)")
+    p.add_argument("--split", choices=["test", "validation", "train"], default=None,
+                   help="data split of benchmarks/training/splits.json (default: test, or validation with "
+                        "--quick; publish test only, read once per release; tune on validation)")
+    p.add_argument("--reread-test", default="", metavar="WHY",
+                   help="read the test split again in a release that already read it (logged with WHY)")
     p.add_argument("--scorers", default="", metavar="NAME[,NAME]",
                    help="quality sections: run only these scorers (not the published configuration)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -164,14 +169,35 @@ def quiet_enough(wait_s: float = LOAD_WAIT_S) -> float:
     return os.getloadavg()[0]
 
 
-def log_test_split_read(name: str, tree: TreeState) -> int:
-    """Append this run's read of the test split by section `name`; how many reads it has had."""
+def release(root: Path = ROOT) -> str:
+    """The project's version: the test split is read once per section per release."""
+    return str(tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"])
+
+
+def test_split_reads() -> list[dict[str, Any]]:
     path = TEST_SPLIT_READS
-    doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"reads": []}
+    return list(json.loads(path.read_text(encoding="utf-8"))["reads"]) if path.is_file() else []
+
+
+def already_read(names: list[str], version: str) -> list[str]:
+    """The test-split readers among `names` that this release has read before."""
+    done = {r["section"] for r in test_split_reads() if r.get("release") == version}
+    return [n for n in names if n in TEST_SPLIT_READERS and n in done]
+
+
+def log_test_split_read(name: str, tree: TreeState, version: str, quick: bool = False, why: str = "") -> int:
+    """Append this run's read of the test split by section `name`; how many reads it has had."""
+    reads = test_split_reads()
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    doc["reads"].append({"section": name, "commit": tree.stamp, "at": when, "published": None})
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    return sum(1 for r in doc["reads"] if r["section"] == name)
+    entry: dict[str, Any] = {"section": name, "commit": tree.stamp, "at": when, "release": version,
+                             "published": False if quick else None}
+    if quick:
+        entry["quick"] = True
+    if why:
+        entry["why"] = why
+    reads.append(entry)
+    TEST_SPLIT_READS.write_text(json.dumps({"reads": reads}, indent=1) + "\n", encoding="utf-8")
+    return sum(1 for r in reads if r["section"] == name)
 
 
 def render_section(name: str, section: Section, command: str, seconds: float, load: float, tree: TreeState,
@@ -234,13 +260,21 @@ def main(argv: list[str] | None = None) -> int:
               "benchmarks/plots): commit them, or pass --allow-dirty for local work (its sections "
               "say 'not for publication')", file=sys.stderr)
         return 2
+    split = args.split or ("validation" if args.quick else "test")
+    version = release()
+    again = already_read(names, version) if split == "test" else []
+    if again and not args.reread_test:
+        print(f"[bench] release {version} has read the frozen test split for {', '.join(again)} already "
+              "(benchmarks/results/test_split_reads.json): tune with --split validation, or give the reason "
+              "for a second read with --reread-test WHY (it is logged)", file=sys.stderr)
+        return 2
     command = "make bench" + (f" ARGS={shlex.quote(shlex.join(argv))}" if argv else "")
     ctx_kwargs: dict[str, Any] = {"quick": args.quick, "sessions": args.sessions,
-                                  "drafter_sessions": args.drafter_sessions, "split": args.split,
+                                  "drafter_sessions": args.drafter_sessions, "split": split,
                                   "scorers": tuple(n for n in args.scorers.split(",") if n) or None}
     if args.data_dir is not None:
         ctx_kwargs["data_dir"] = args.data_dir.resolve()
-    private = QUICK_DIR if args.quick else (Path(str(SPLIT_DIR).format(split=args.split)) if args.split != "test" else None)
+    private = QUICK_DIR if args.quick else (Path(str(SPLIT_DIR).format(split=split)) if split != "test" else None)
     if private is not None:
         ctx_kwargs |= {"results_dir": private / "results", "plots_dir": private / "plots"}
     ctx = BenchContext(**ctx_kwargs)
@@ -253,9 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         load = quiet_enough(0 if args.quick else LOAD_WAIT_S)
         print(f"[bench] {name} (load {load:.2f}) ...", file=sys.stderr, flush=True)
         section, seconds = run_section(name, ctx)
-        reads = log_test_split_read(name, tree) if private is None and name in TEST_SPLIT_READERS else None
+        reads = (log_test_split_read(name, tree, version, args.quick, args.reread_test)
+                 if split == "test" and name in TEST_SPLIT_READERS else None)
         (ctx.results_dir / f"{name}.md").write_text(
             render_section(name, section, command, seconds, load, tree, args.quick, reads), encoding="utf-8")
+        raw = ctx.results_dir / f"{name}.json"
+        if section.raw is not None:
+            raw.write_text(json.dumps({"section": name, "commit": tree.stamp, "command": command,
+                                       "samples": section.raw}, indent=1) + "\n", encoding="utf-8")
+        else:  # a section that kept no samples this time must not leave an older run's behind
+            raw.unlink(missing_ok=True)
         print(f"[bench] {name}: {seconds:.1f} s", file=sys.stderr, flush=True)
     output.write_text(assemble(ctx.results_dir, command, time.perf_counter() - started, tree), encoding="utf-8")
     print(f"[bench] wrote {output}", file=sys.stderr)

