@@ -201,7 +201,7 @@ def render(ctx: BenchContext, result: Replay, turns: int, max_tokens: int) -> st
     verdicts.append(f"the gateway's wait against {baseline}'s " + ", ".join(phases))
     vs = [*([f"vs {llama_server}"] if llama_server else []), "vs llama_cpp.server", "vs floor"]
     return (
-        f"{len(result.sessions)} real mini-swe-agent sessions of the frozen test split (one per repository, "
+        f"{len(result.sessions)} real mini-swe-agent sessions of the {ctx.split} split (one per repository, "
         f"seeded), their first {turns} turns each, replayed round-robin (three agents on one workstation). "
         "Every request is the recorded history up to the next tool output, with the recorded assistant "
         "messages, so every server answers the same requests; within a turn the servers take turns "
