@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from benchmarks.common import (
     md_table,
 )
 from benchmarks.timing import agent_history, session_turn
+from engine.tokenizer import GgufTokenizer
 from gateway.config import Settings
 from gateway.process import GatewayProcess
 
@@ -103,19 +105,22 @@ def run(ctx: BenchContext) -> Section:
     history_tokens, long_tokens = (256, 2000) if ctx.quick else (2048, 17000)
     flags = ("--threshold", "1500") if ctx.quick else ()
     histories = [agent_history(sessions[2 * i:], history_tokens, ctx.count_tokens) for i in range(SESSIONS)]
-    long_turn = [
-        {"role": "system", "content": "You are a software engineering agent."},
-        {"role": "user", "content": sessions[0]["issue"][:2000]},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat log"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": terminal_log(sessions, long_tokens, ctx.count_tokens)},
-    ]
-    models = [(FAST_MODEL, ctx.model_path)]
+    def long_turn(count: Callable[[str], int]) -> list[dict[str, Any]]:
+        """A turn bringing a tool output of `long_tokens` in the model's own tokens (over the threshold)."""
+        return [
+            {"role": "system", "content": "You are a software engineering agent."},
+            {"role": "user", "content": sessions[0]["issue"][:2000]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "bash", "arguments": '{"command": "cat log"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": terminal_log(sessions, long_tokens, count)},
+        ]
+
+    models = [(FAST_MODEL, ctx.model_path, ctx.count_tokens)]
     qwen = ctx.served_default()
     if qwen is not None:
-        models.append((SERVED_DEFAULT, qwen))
-    results = [measure(ctx, name, model, histories, long_turn, flags)
-               for name, model in ctx.progress(models, "memory, models")]
+        models.append((SERVED_DEFAULT, qwen, GgufTokenizer(qwen).count_tokens))
+    results = [measure(ctx, name, model, histories, long_turn(count), flags)
+               for name, model, count in ctx.progress(models, "memory, models")]
     defaults = Settings()
     rows = []
     for m in results:
