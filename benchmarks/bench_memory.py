@@ -25,7 +25,7 @@ from benchmarks.common import (
     coding_sessions,
     md_table,
 )
-from benchmarks.timing import agent_history, session_turn
+from benchmarks.timing import agent_history, session_turn, tool_output_turn
 from engine.tokenizer import GgufTokenizer
 from gateway.config import Settings
 from gateway.process import GatewayProcess
@@ -107,13 +107,7 @@ def run(ctx: BenchContext) -> Section:
     histories = [agent_history(sessions[2 * i:], history_tokens, ctx.count_tokens) for i in range(SESSIONS)]
     def long_turn(count: Callable[[str], int]) -> list[dict[str, Any]]:
         """A turn bringing a tool output of `long_tokens` in the model's own tokens (over the threshold)."""
-        return [
-            {"role": "system", "content": "You are a software engineering agent."},
-            {"role": "user", "content": sessions[0]["issue"][:2000]},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                "name": "bash", "arguments": '{"command": "cat log"}'}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": terminal_log(sessions, long_tokens, count)},
-        ]
+        return tool_output_turn(sessions[0]["issue"][:2000], terminal_log(sessions, long_tokens, count))
 
     models = [(FAST_MODEL, ctx.model_path, ctx.count_tokens)]
     qwen = ctx.served_default()

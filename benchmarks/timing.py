@@ -317,18 +317,23 @@ class TtftResult:
     scorer_s: list[float]
 
 
-def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str, reps: int,
-                 progress: Progress, drafter: Path | None = None) -> TtftResult:
-    """One agent turn whose new tool output is `output`: served whole (threshold out of reach) and
-    compressed (threshold at its default), each on a fresh gateway, scorer time included, `reps`
-    times, interleaved. The drafter is the model itself unless given."""
-    messages = [
+def tool_output_turn(request: str, output: str) -> list[dict[str, Any]]:
+    """An agent turn whose new message is the tool output `output` of a call made for `request`."""
+    return [
         {"role": "system", "content": "You are a software engineering agent."},
         {"role": "user", "content": request},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat log"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": output},
     ]
+
+
+def measure_ttft(model: Path, work: Path, output: str, request: str, n_ctx: int, scorer: str, reps: int,
+                 progress: Progress, drafter: Path | None = None) -> TtftResult:
+    """One agent turn whose new tool output is `output`: served whole (threshold out of reach) and
+    compressed (threshold at its default), each on a fresh gateway, scorer time included, `reps`
+    times, interleaved. The drafter is the model itself unless given."""
+    messages = tool_output_turn(request, output)
     common = ("--model", str(model), "--drafter", str(drafter or model), "--n-ctx", str(n_ctx), "--scorer", scorer)
     flags = {"compressed": ("--threshold", "16384"), "full": ("--threshold", "1000000000")}
     times: dict[str, list[float]] = {"compressed": [], "full": []}
