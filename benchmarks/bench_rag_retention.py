@@ -23,7 +23,8 @@ from typing import Any
 
 from engine.scoring.bundle import bundle_of
 from benchmarks.mtrag_replays import CALL_ID, DATA, Replay, build_replays
-from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS, head_tail, random_units
+from benchmarks.bench_retention import BASELINES, CURVE, TABLE_RATIOS
+from benchmarks.retention_cases import head_tail, random_units
 from benchmarks.intervals import bootstrap, ci_cell, verdict
 from benchmarks.common import (
     BenchContext,

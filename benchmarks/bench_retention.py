@@ -23,15 +23,13 @@ ignored. Shares are means over outputs with bootstrap 95 % intervals (2,000 resa
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.scoring.bundle import bundle_of
-from benchmarks.intervals import bootstrap, ci_cell, pooled_cell, verdict
+from benchmarks.intervals import bootstrap, pooled_cell, verdict
 from benchmarks.common import (
     BenchContext,
     MemoBundle,
@@ -44,16 +42,23 @@ from benchmarks.common import (
     pyplot,
     savefig,
 )
-from benchmarks.training.agent_data import (
-    MARGIN,
-    WRAPPER_LINES,
-    LongOutput,
-    build_long_outputs,
-    gold_key,
-    gold_shown,
-    load_jsonl_zst,
-    serving_messages,
+from benchmarks.retention_cases import (
+    AS_USER,
+    Case,
+    MethodResult,
+    Outcome,
+    gold_line_cell,
+    head_tail,
+    make_cases,
+    measured_at,
+    outcome,
+    own_ranges,
+    random_units,
+    session_of,
+    share_cell,
+    values_at,
 )
+from benchmarks.training.agent_data import MARGIN, build_long_outputs, load_jsonl_zst
 
 TITLE = "Evidence retention on real coding-agent sessions, test split (issue 12)"
 DATA = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
@@ -66,116 +71,6 @@ BASELINES = ("head+tail", "random")
 # Issue 40's goals: at 27 % and at 15 % of the tokens, and over BM25 at 27 %.
 GOAL, GOAL_15, GOAL_OVER_BM25 = 0.95, 0.85, 0.20
 CURVE_POINTS = (20_000, 30_000)  # where the default curve's kept share is stated
-
-
-@dataclass
-class Case:
-    output: LongOutput
-    request: str  # "agent turn" | "task alone" | "task"
-    messages: list[Any]
-    line_tokens: list[int]
-    tokens: int  # of the output's own lines
-    offset: int = 0  # lines of the compressed message before the output's own (its wrapper)
-    message_tokens: int = 0  # of the compressed message, wrapper included (0: tokens)
-
-    @property
-    def label(self) -> str:
-        return f"{self.output.kind.replace('_', ' ')}, {self.request}"
-
-    @property
-    def request_text(self) -> str:
-        """What the request says, where a verbatim gold line would be named."""
-        o = self.output
-        return "\n".join((o.task, o.thought, o.command)) if self.request.startswith("agent turn") else o.task
-
-
-@dataclass
-class Outcome:
-    retention: float
-    served_share: float  # original tokens shown / total (1.0 when served whole)
-    compressed: bool
-    reason: str
-    # Gold counted per occurrence (a gold line may appear several times), split by whether the
-    # request names the line verbatim (finding those is easy) or not: (shown, all) each.
-    named: tuple[int, int] = (0, 0)
-    unnamed: tuple[int, int] = (0, 0)
-
-
-@dataclass
-class MethodResult:
-    outcomes: dict[str, list[Outcome | None]] = field(default_factory=dict)  # budget key -> per case
-    scorer_seconds: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-
-
-AS_USER = "agent turn, output as user message"
-
-
-def make_cases(outputs: Sequence[LongOutput], count: Any) -> list[Case]:
-    cases = []
-    for out in outputs:
-        line_tokens = [count(x) for x in out.lines]
-        tokens = count(out.text)
-        if out.kind != "tool_output":
-            cases.append(Case(out, "task", serving_messages(out), line_tokens, tokens))
-            continue
-        cases.append(Case(out, "agent turn", serving_messages(out), line_tokens, tokens))
-        cases.append(Case(out, "task alone", serving_messages(out, with_turn=False), line_tokens, tokens))
-        as_user = serving_messages(out, as_user=True)
-        cases.append(Case(out, AS_USER, as_user, line_tokens, tokens, WRAPPER_LINES, count(as_user[-1].content)))
-    return cases
-
-
-def own_ranges(ranges: Sequence[tuple[int, int]], offset: int, n_lines: int) -> list[tuple[int, int]]:
-    """Kept ranges of a wrapped message as ranges of the output's own lines."""
-    return [(max(a - offset, 0), min(b - offset, n_lines - 1)) for a, b in ranges
-            if b - offset >= 0 and a - offset <= n_lines - 1]
-
-
-def retention_of(case: Case, visible: Sequence[tuple[int, int]]) -> float:
-    return gold_shown(case.output, visible)
-
-
-def occurrences_of(case: Case, visible: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Gold occurrences shown and present, (named verbatim by the request, not named)."""
-    o = case.output
-    shown = {i for a, b in visible for i in range(a, b + 1)}
-    request = case.request_text
-    counts = {True: [0, 0], False: [0, 0]}
-    for i, line in enumerate(o.lines):
-        if o.own[i] and gold_key(line) in o.gold:
-            named = line.strip() in request
-            counts[named][0] += i in shown
-            counts[named][1] += 1
-    return (counts[True][0], counts[True][1]), (counts[False][0], counts[False][1])
-
-
-def outcome(case: Case, visible: Sequence[tuple[int, int]], share: float, compressed: bool, reason: str) -> Outcome:
-    named, unnamed = occurrences_of(case, visible)
-    return Outcome(retention_of(case, visible), share, compressed, reason, named, unnamed)
-
-
-def head_tail(line_tokens: Sequence[int], budget: int) -> list[tuple[int, int]]:
-    """Half the budget of whole lines from the head, the rest from the tail."""
-    n, head_budget = len(line_tokens), budget // 2
-    h, used = 0, 0
-    while h < n and used + line_tokens[h] <= head_budget:
-        used += line_tokens[h]
-        h += 1
-    t = n
-    while t > h and used + line_tokens[t - 1] <= budget:
-        used += line_tokens[t - 1]
-        t -= 1
-    return ([(0, h - 1)] if h else []) + ([(t, n - 1)] if t < n else [])
-
-
-def random_units(units: Sequence[Any], budget: int, key: str) -> list[tuple[int, int]]:
-    """Units in a seeded random order (`key` seeds it), as many as the budget holds."""
-    from policies.selection import select_units
-
-    rng = random.Random(key)
-    scores = [rng.random() * u.tokens for u in units]
-    return [(units[k].first, units[k].last) for k in select_units(units, scores, budget)]
 
 
 def run_scorer(case: Case, count: Any, memo: MemoBundle, settings: Any, keys: Sequence[str],
@@ -276,31 +171,6 @@ def _samples(cases: Sequence[Case], results: dict[str, MethodResult], keys: Sequ
             for i, c in enumerate(cases)]
 
 
-def _values(result: MethodResult, key: str, idx: Sequence[int]) -> list[float]:
-    return [o.retention for i in idx if (o := result.outcomes[key][i]) is not None]
-
-
-def session_of(case: Case) -> str:
-    return case.output.id.split("#")[0]
-
-
-def _measured(result: MethodResult, key: str, idx: Sequence[int]) -> list[tuple[int, Outcome]]:
-    return [(i, o) for i in idx if (o := result.outcomes[key][i]) is not None]
-
-
-def _cell(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:
-    """Mean share per output, its interval resampling sessions."""
-    got = _measured(result, key, idx)
-    return ci_cell([o.retention for _, o in got], [session_of(cases[i]) for i, _ in got])
-
-
-def _per_gold_line(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:
-    """Share of all gold lines (an output with many counts for more), its interval resampling sessions."""
-    got = _measured(result, key, idx)
-    return pooled_cell([(o.retention * len(cases[i].output.gold), len(cases[i].output.gold)) for i, o in got],
-                       [session_of(cases[i]) for i, _ in got])
-
-
 def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: dict[str, MethodResult],
             keys: list[str], notes: list[str], threshold: int, build_seconds: float, heavy_limit: int
             ) -> tuple[str, list[Any]]:
@@ -327,10 +197,10 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     heavy = [n for n in HEAVY if n in results]
     rows = []
     for name in [*light, *BASELINES]:
-        vals = {k: _values(results[name], k, serving) for k in (CURVE, *map(str, TABLE_RATIOS))}
+        vals = {k: values_at(results[name], k, serving) for k in (CURVE, *map(str, TABLE_RATIOS))}
         whole = sum(1 for i in serving if (o := results[name].outcomes["0.27"][i]) is not None and not o.compressed)
-        rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), _cell(results[name], "0.15", serving, cases),
-                     _cell(results[name], "0.27", serving, cases), _per_gold_line(results[name], "0.27", serving, cases),
+        rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])), share_cell(results[name], "0.15", serving, cases),
+                     share_cell(results[name], "0.27", serving, cases), gold_line_cell(results[name], "0.27", serving, cases),
                      pct(mean(vals["0.4"])), str(whole)])
     out.append("Share of gold lines kept (outputs as serving sees them; served-whole outputs count as kept), the "
                "mean over outputs and, beside it, the share of all gold lines (an output with many gold lines "
@@ -339,7 +209,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
                          "27 %, per gold line (95 % CI) of n", "40 %", "served whole at 27 %"], rows))
     occ_rows = []
     for name in [*light, *BASELINES]:
-        measured = _measured(results[name], "0.27", serving)
+        measured = measured_at(results[name], "0.27", serving)
         got, sessions = [o for _, o in measured], [session_of(cases[i]) for i, _ in measured]
         occ_rows.append([name, pooled_cell([(o.named[0] + o.unnamed[0], o.named[1] + o.unnamed[1]) for o in got],
                                            sessions),
@@ -352,10 +222,10 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     if own_shape:
         shape_rows = []
         for name in [*light, *BASELINES]:
-            vals = {k: _values(results[name], k, own_shape) for k in (CURVE, *map(str, TABLE_RATIOS))}
+            vals = {k: values_at(results[name], k, own_shape) for k in (CURVE, *map(str, TABLE_RATIOS))}
             shape_rows.append([name, str(len(vals["0.27"])), pct(mean(vals[CURVE])),
-                               _cell(results[name], "0.15", own_shape, cases),
-                               _cell(results[name], "0.27", own_shape, cases), pct(mean(vals["0.4"]))])
+                               share_cell(results[name], "0.15", own_shape, cases),
+                               share_cell(results[name], "0.27", own_shape, cases), pct(mean(vals["0.4"]))])
         out.append("\nThe same tool outputs in the agent's own shape: mini-swe-agent sends every output as a user "
                    "message in its `<returncode>`/`<output>` wrapper, so the long one arrives after the whole session "
                    "as it was sent (earlier outputs, warnings and format complaints included), and the request finder "
@@ -365,7 +235,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
     by_rows = []
     for label, idx in groups.items():
         for name in [*light, "head+tail"]:
-            by_rows.append([label, name, str(len(idx)), _cell(results[name], "0.27", idx, cases)])
+            by_rows.append([label, name, str(len(idx)), share_cell(results[name], "0.27", idx, cases)])
     out.append("\nBy output shape and request, at 27 %:\n")
     out.append(md_table(["output, request", "method", "outputs", "27 % (95 % CI)"], by_rows, "llrr"))
     if "bm25" in results:
@@ -382,7 +252,7 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
             out.append(md_table(["scorer", "outputs", "gain over bm25 (95 % CI)"], diff_rows))
     if heavy:
         sub = list(range(min(heavy_limit, len(cases))))
-        rows = [[name, str(len(_values(results[name], "0.27", sub))), _cell(results[name], "0.27", sub, cases)]
+        rows = [[name, str(len(values_at(results[name], "0.27", sub))), share_cell(results[name], "0.27", sub, cases)]
                 for name in [*heavy, *light]]
         out.append(f"\nDrafter scorers read every token through the 270M model (seconds per output): on the first "
                    f"{len(sub)} outputs only, every other scorer on the same outputs:\n")
@@ -414,7 +284,7 @@ def _plot(ctx: BenchContext, results: dict[str, MethodResult], names: Sequence[s
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ratios = [k for k in keys if k != CURVE]
     for name in names:
-        ys = [mean(_values(results[name], k, idx)) for k in ratios]
+        ys = [mean(values_at(results[name], k, idx)) for k in ratios]
         ax.plot([100 * float(k) for k in ratios], [100 * (y or 0) for y in ys], marker="o", label=name,
                 linestyle="--" if name in BASELINES else "-")
     ax.axhline(100 * GOAL, color="grey", linewidth=0.8, linestyle=":")
@@ -435,7 +305,7 @@ def _goal_line(results: dict[str, MethodResult], idx: Sequence[int], cases: Sequ
         return ""
 
     def share(name: str, key: str) -> tuple[float, tuple[float, float]]:
-        got = _measured(results[name], key, idx)
+        got = measured_at(results[name], key, idx)
         values = [o.retention for _, o in got]
         return mean(values) or 0.0, bootstrap(values, groups=[session_of(cases[i]) for i, _ in got])
 
@@ -460,7 +330,7 @@ def _commentary(results: dict[str, MethodResult], light: Sequence[str], idx: Seq
                 own_shape: Sequence[int], cases: Sequence[Case]) -> str:
     from policies.budget import DEFAULT_CURVE_SPEC, parse_curve, token_budget
 
-    at = {name: mean(_values(results[name], "0.27", idx)) for name in (*light, *BASELINES) if name in results}
+    at = {name: mean(values_at(results[name], "0.27", idx)) for name in (*light, *BASELINES) if name in results}
     lines = ["**Reading the numbers.**"]
     best = max((n for n in light if at.get(n) is not None), key=lambda n: at[n] or 0.0, default=None)
     if best is not None and at.get("bm25") is not None:
