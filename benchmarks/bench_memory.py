@@ -26,7 +26,6 @@ from benchmarks.common import (
     md_table,
 )
 from benchmarks.timing import agent_history, session_turn, tool_output_turn
-from engine.tokenizer import GgufTokenizer
 from gateway.config import Settings
 from gateway.process import GatewayProcess
 
@@ -112,7 +111,7 @@ def run(ctx: BenchContext) -> Section:
     models = [(FAST_MODEL, ctx.model_path, ctx.count_tokens)]
     qwen = ctx.served_default()
     if qwen is not None:
-        models.append((SERVED_DEFAULT, qwen, GgufTokenizer(qwen).count_tokens))
+        models.append((SERVED_DEFAULT, qwen, ctx.counter_for(qwen)))
     results = [measure(ctx, name, model, histories, long_turn(count), flags)
                for name, model, count in ctx.progress(models, "memory, models")]
     defaults = Settings()

@@ -38,7 +38,7 @@ def run(ctx: BenchContext) -> Section:
     results: list[tuple[str, int, ResumeResult]] = []  # (model, size asked for, result)
     for name, model, sizes, reps in plan:
         for size in ctx.progress(sizes, f"resume, {name}"):
-            history = agent_history(sessions, size, ctx.count_tokens)
+            history = agent_history(sessions, size, ctx.counter_for(model))  # in the model's own tokens
             results.append((name, size, measure_resume(model, ctx.cache_dir / "work", history, 32768, reps,
                                                        lambda _m: None)))
     timing_rows, disk_rows = [], []

@@ -18,7 +18,8 @@ gateway.compressor.MessageCompressor (segment, find the request, score, plan; fl
 no-gain fallbacks included), at 15 / 27 / 40 % and at the budget curve's budget. Baselines at the
 same budgets: head+tail and random units (seeded). A gold line counts as kept when one of its
 occurrences in the session's own text is shown (padding does not count); line-number prefixes are
-ignored. Shares are means over outputs with bootstrap 95 % intervals (2,000 resamples of outputs).
+ignored. Shares are means over outputs with bootstrap 95 % intervals that resample whole sessions
+(benchmarks/intervals.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from benchmarks.retention_cases import (
     measured_at,
     outcome,
     own_ranges,
+    paired_gain,
     random_units,
     session_of,
     share_cell,
@@ -242,11 +244,8 @@ def _report(ctx: BenchContext, cases: list[Case], refused: list[Case], results: 
         diff_rows = []
         base = results["bm25"]
         for name in [n for n in light if n != "bm25"]:
-            both = [(i, o.retention - b.retention) for i in serving
-                    if (o := results[name].outcomes["0.27"][i]) is not None and (b := base.outcomes["0.27"][i]) is not None]
-            pairs = [d for _, d in both]
-            lo, hi = bootstrap(pairs, groups=[session_of(cases[i]) for i, _ in both])
-            diff_rows.append([name, str(len(pairs)), f"{100 * (mean(pairs) or 0):+.1f} points ({100 * lo:+.1f}…{100 * hi:+.1f})"])
+            count, point, (lo, hi) = paired_gain(results[name], base, "0.27", serving, cases)
+            diff_rows.append([name, str(count), f"{100 * point:+.1f} points ({100 * lo:+.1f}…{100 * hi:+.1f})"])
         if diff_rows:
             out.append("\nPaired difference against BM25 at 27 % (same outputs):\n")
             out.append(md_table(["scorer", "outputs", "gain over bm25 (95 % CI)"], diff_rows))
@@ -309,20 +308,16 @@ def _goal_line(results: dict[str, MethodResult], idx: Sequence[int], cases: Sequ
         values = [o.retention for _, o in got]
         return mean(values) or 0.0, bootstrap(values, groups=[session_of(cases[i]) for i, _ in got])
 
-    def gain() -> tuple[float, tuple[float, float]]:
-        both = [(i, o.retention - b.retention) for i in idx if (o := results["ranker"].outcomes["0.27"][i]) is not None
-                and (b := results["bm25"].outcomes["0.27"][i]) is not None]
-        diffs = [d for _, d in both]
-        return mean(diffs) or 0.0, bootstrap(diffs, groups=[session_of(cases[i]) for i, _ in both])
-
     def told(goal: float, point: float, interval: tuple[float, float], points: bool = False) -> str:
         shown = (f"{100 * point:+.1f} ({100 * interval[0]:+.1f}…{100 * interval[1]:+.1f})" if points else
                  f"{pct(point)} ({pct(interval[0], 0)}–{pct(interval[1], 0)})")
         return f"{shown}, {verdict(point, interval, goal)}"
 
+    _, gain, gain_interval = paired_gain(results["ranker"], results["bm25"], "0.27", idx, cases)
     verdicts = [f"≥ {pct(GOAL, 0)} at 27 %: " + told(GOAL, *share("ranker", "0.27")),
                 f"≥ {pct(GOAL_15, 0)} at 15 %: " + told(GOAL_15, *share("ranker", "0.15")),
-                f"≥ {100 * GOAL_OVER_BM25:.0f} points over BM25 at 27 %: " + told(GOAL_OVER_BM25, *gain(), points=True)]
+                f"≥ {100 * GOAL_OVER_BM25:.0f} points over BM25 at 27 %: " + told(GOAL_OVER_BM25, gain, gain_interval,
+                                                                                   points=True)]
     return f"- The default `ranker` on {what} ({len(idx)} outputs): " + "; ".join(verdicts) + "."
 
 

@@ -36,6 +36,9 @@ GOAL_RIGHT = 3  # issue 52: the answer right in at least 3 of 5 runs of each cli
 # A user asking about a five-line file gives up long before this; a run that loops (a sub-agent
 # repeating one call) would otherwise hold the whole benchmark for the clients' 20 minutes.
 TASK_TIMEOUT_S = 600
+# -1 as a number of its own: not the "-1" of a name or path such as "qwen2.5-coder-1.5b" (the run's
+# folder), nor -10 or -1.5.
+MINUS_ONE = re.compile(r"(?<![\w.-])-1(?!\.?\d|\w)")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class TaskRun:
     def right(self) -> bool:
         """It says -1 first, and the fix names `a - b` (or its repair, `a + b`)."""
         prints, fix = (self.answers + ["", ""])[:2]
-        return bool(re.search(r"(?<![\d.])-1(?!\d)", prints)) and bool(re.search(r"a\s*[-+]\s*b", fix))
+        return bool(MINUS_ONE.search(prints)) and bool(re.search(r"a\s*[-+]\s*b", fix))
 
 
 def final_answer(out: Path) -> str:

@@ -21,7 +21,6 @@ from benchmarks.common import (
     spread,
 )
 from benchmarks.timing import TtftResult, measure_ttft
-from engine.tokenizer import GgufTokenizer
 from gateway.config import Settings
 
 TITLE = "Time to first token with compression"
@@ -62,9 +61,7 @@ def run(ctx: BenchContext) -> Section:
         plan.append((SERVED_DEFAULT, qwen, [17000] if ctx.quick else [SIZES[-1]], 1 if ctx.quick else SERVED_REPS))
     results: list[tuple[str, TtftResult]] = []
     for name, model, sizes, reps in plan:
-        # Sized in the model's own tokens: Qwen's vocabulary counts the same log ~10 % shorter than
-        # Gemma's, which would leave an output "just over the threshold" under it.
-        count = ctx.count_tokens if model == ctx.model_path else GgufTokenizer(model).count_tokens
+        count = ctx.counter_for(model)  # sized in the model's own tokens
         for size in ctx.progress(sizes, f"ttft sizes, {name}"):
             output = terminal_log(sessions, size, count)
             request = sessions[0]["issue"][:2000]

@@ -12,7 +12,7 @@ import logging
 import os
 import platform
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +58,7 @@ class BenchContext:
     _tokenizer: Any = None
     _scorers: dict[str, Any] = field(default_factory=dict)
     _scorer_notes: dict[str, str] = field(default_factory=dict)
+    _counters: dict[Path, Callable[[str], int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for d in (self.plots_dir, self.results_dir, self.cache_dir):
@@ -96,6 +97,17 @@ class BenchContext:
 
     def count_tokens(self, text: str) -> int:
         return int(self.tokenizer.count_tokens(text))
+
+    def counter_for(self, model: Path) -> Callable[[str], int]:
+        """Counts in `model`'s own vocabulary, loaded once: Qwen counts the same log ~10 % shorter than
+        Gemma, so an output sized in Gemma's tokens can fall under the threshold on Qwen."""
+        if model == self.model_path:
+            return self.count_tokens
+        if model not in self._counters:
+            from engine.tokenizer import GgufTokenizer
+
+            self._counters[model] = GgufTokenizer(model).count_tokens
+        return self._counters[model]
 
     def data_file(self, name: str) -> Path | None:
         path = self.data_dir / name

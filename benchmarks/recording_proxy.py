@@ -66,10 +66,11 @@ class RecordingProxy:
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
 
+        self._runner = web.AppRunner(app)
+
         async def serve() -> None:
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
             ready.set()
 
         def run() -> None:
@@ -113,4 +114,9 @@ class RecordingProxy:
         return response
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """Closes the listener and its connections before the loop stops: a handler left pending on a
+        kept-alive connection is otherwise destroyed with the loop ("Task was destroyed but it is pending")."""
+        try:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)

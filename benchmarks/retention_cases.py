@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.intervals import ci_cell, pooled_cell
+from benchmarks.intervals import bootstrap, ci_cell, pooled_cell
 from benchmarks.training.agent_data import WRAPPER_LINES, LongOutput, gold_key, gold_shown, serving_messages
 
 
@@ -146,3 +146,14 @@ def gold_line_cell(result: MethodResult, key: str, idx: Sequence[int], cases: Se
     got = measured_at(result, key, idx)
     return pooled_cell([(o.retention * len(cases[i].output.gold), len(cases[i].output.gold)) for i, o in got],
                        [session_of(cases[i]) for i, _ in got])
+
+
+def paired_gain(result: MethodResult, base: MethodResult, key: str, idx: Sequence[int],
+                cases: Sequence[Case]) -> tuple[int, float, tuple[float, float]]:
+    """Mean per-output difference against `base` on the outputs both measured (how many, the mean,
+    its interval resampling sessions): pairing removes how hard each output is."""
+    both = [(i, o.retention - b.retention) for i in idx
+            if (o := result.outcomes[key][i]) is not None and (b := base.outcomes[key][i]) is not None]
+    diffs = [d for _, d in both]
+    point = sum(diffs) / len(diffs) if diffs else 0.0
+    return len(diffs), point, bootstrap(diffs, groups=[session_of(cases[i]) for i, _ in both])

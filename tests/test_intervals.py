@@ -68,3 +68,22 @@ def test_the_interval_holds_the_mean(samples: list[tuple[float, int]]) -> None:
 def test_a_verdict_says_when_the_interval_crosses_the_goal(point: float, interval: tuple[float, float],
                                                            said: str) -> None:
     assert verdict(point, interval, 0.95) == said
+
+
+def test_a_paired_gain_counts_only_outputs_both_measured_and_resamples_sessions() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.retention_cases import MethodResult, Outcome, paired_gain
+
+    def result(shares: list[float | None]) -> MethodResult:
+        return MethodResult(outcomes={"0.27": [None if s is None else Outcome(s, 0.27, True, "") for s in shares]})
+
+    cases = [SimpleNamespace(output=SimpleNamespace(id=f"s{i // 2}#{i}")) for i in range(6)]
+    mine = result([1.0, 1.0, 0.5, None, 1.0, 0.0])
+    base = result([0.5, 0.5, 0.5, 1.0, None, 0.0])
+    count, point, (lo, hi) = paired_gain(mine, base, "0.27", range(6), cases)  # type: ignore[arg-type]
+    assert count == 4  # outputs 3 and 4 were measured by one method only
+    assert point == pytest.approx((0.5 + 0.5 + 0.0 + 0.0) / 4)
+    # Sessions s0 (both +0.5), s1 (0) and s2 (0): every resample mean is one of a few ratios within [0, 0.5].
+    assert 0.0 <= lo <= point <= hi <= 0.5
+    assert (lo, hi) == bootstrap([0.5, 0.5, 0.0, 0.0], groups=["s0", "s0", "s1", "s2"])

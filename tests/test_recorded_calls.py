@@ -67,3 +67,8 @@ def test_a_task_run_is_right_when_it_says_minus_one_then_names_the_bug(tmp_path)
     assert not TaskRun("claude", 1, [], [], ["It prints -10.", final_answer(codex)]).right
     assert not TaskRun("claude", 1, [], [], ["It prints 5.", "Use a + b."]).right
     assert not TaskRun("codex", 1, [], [], ["It prints -1."]).right  # no second answer
+    assert TaskRun("codex", 1, [], [], ["`print(add(2, 3))` gives `-1`", "a-b"]).right
+    # The folder of the 1.5B's run named in an answer is not a -1 (a published false "right").
+    for not_minus_one in ("I need permission to write tasks-run-qwen2.5-coder-1.5b-instruct/calc.py.",
+                          "It prints -1.5.", "It prints x-1", "It prints --1"):
+        assert not TaskRun("claude", 1, [], [], [not_minus_one, "Use a + b."]).right, not_minus_one
