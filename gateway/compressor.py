@@ -21,7 +21,7 @@ from policies.kept_lines import content_hash
 from policies.recall import DEFAULT_RECALL_BUDGET, DEFAULT_THETA
 from policies.rendering import split_lines
 from policies.request_finding import find_request
-from policies.segmentation import Unit, max_segment_for, segment
+from policies.segmentation import Unit, is_tight, segment
 from policies.transcript import is_unasked_transcript
 
 log = logging.getLogger("pflash.compress")
@@ -74,18 +74,18 @@ class MessageCompressor:
 
     def segment_message(self, text: str, keep_share: float) -> tuple[list[str], list[int], list[Unit]]:
         """Lines, tokens per line and units: a pure function of the text and the share kept of it
-        (shorter units under a tight budget: max_segment_for), so recall re-derives exactly the
-        units compression chose from. Cached: a follow-up's recall gate must not re-tokenize the
+        (shorter units of code, grep and logs under a tight budget: policies.segmentation.unit_limit),
+        so recall re-derives exactly the units compression chose from. Cached: a follow-up's recall gate must not re-tokenize the
         long messages it scores (only the new question is new work)."""
-        max_segment = max_segment_for(keep_share, self.settings.min_segment, self.settings.max_segment)
-        key = f"{content_hash(text)}/{max_segment}"
+        tight = is_tight(keep_share)
+        key = f"{content_hash(text)}/{tight}"
         with self._lock:
             hit = self._segments.get(key)
         if hit is not None:
             return hit
         lines = split_lines(text)
         line_tokens = [self.count_tokens(line) for line in lines]
-        result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, max_segment))
+        result = (lines, line_tokens, segment(lines, line_tokens, self.settings.min_segment, self.settings.max_segment, tight))
         with self._lock:
             self._segments[key] = result
         return result

@@ -160,8 +160,8 @@ class Settings(BaseSettings):
     )
     min_segment: int = Field(DEFAULT_MIN_SEGMENT, ge=1, description="Units smaller than this (tokens) merge forward.")
     max_segment: int = Field(DEFAULT_MAX_SEGMENT, ge=2, description="Units larger than this (tokens) split at line boundaries; "
-                             f"a remainder up to {TAIL_SLACK:g}× this stays whole; half of it where the budget "
-                             f"keeps under {TIGHT_SHARE:g} of a message.")
+                             f"a remainder up to {TAIL_SLACK:g}× this stays whole; half of it for code, grep "
+                             f"and logs where the budget keeps under {TIGHT_SHARE:g} of a message.")
     request_tokens: int = Field(DEFAULT_SCORED_TOKENS, ge=8, description="Request tokens the scorer ranks against.")
     fallback_spread: float = Field(0.11, ge=0, le=1, description="Relevance spread below which a message is served whole.")
     scorer: Literal["ranker", "bm25", "embed", "hybrid", "drafter", "fusion", "head"] = Field(

@@ -47,17 +47,28 @@ KINDS = ("code", "grep", "log", "prose", "blank")
 # Units smaller than this (tokens) merge forward; larger ones split at line boundaries (the defaults
 # of the settings min_segment and max_segment).
 DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT = 32, 512
-# Under a budget below TIGHT_SHARE of a message, units are at most half as long: a 500-token unit
-# would spend a fifth of a 15 % budget on the lines around its evidence. The default ranker, 5-fold
-# cross-validation over train + validation sessions (`python -m benchmarks.train ranker` reports the
-# 15 % point so cut): gold kept at 15 % 86.9 -> 90.2 %, at 18 % 89.9 -> 93.0 %, but at 22 %
+# Under a budget below TIGHT_SHARE of a message, units of TIGHT_KINDS are at most half as long: a
+# 500-token unit would spend a fifth of a 15 % budget on the lines around its evidence. The default
+# ranker, 5-fold cross-validation over train + validation sessions (`python -m benchmarks.train ranker`
+# reports the 15 % point so cut): gold kept at 15 % 86.9 -> 90.2 %, at 18 % 89.9 -> 93.0 %, but at 22 %
 # 95.0 -> 93.8 % and at 27 % 95.2 -> 94.9 %, so only below TIGHT_SHARE (the default budget curve never is).
 TIGHT_SHARE = 0.2
+# Prose keeps its full units: a retrieved passage is evidence only whole. On MTRAG search outputs
+# (all prose) halving them cost 0.9 points of gold passages at 15 % with the ranker (validation, 79
+# conversations), 3.3 at 12 % and 2.4 at 18 %; BM25 8.9 at 15 % (train + validation, 262). The 22 of
+# 198 coding outputs (train + validation) that read as prose gained 3.1 points at 12-15 % from it
+# and none at 18 %: 0.3 points over all coding outputs, so their units stay whole too.
+TIGHT_KINDS = frozenset({"code", "grep", "log"})
 
 
-def max_segment_for(keep_share: float, min_segment: int, max_segment: int) -> int:
-    """The longest unit for a message of which `keep_share` of the tokens is kept (see TIGHT_SHARE)."""
-    return max(max_segment // 2, min_segment) if keep_share < TIGHT_SHARE else max_segment
+def is_tight(keep_share: float) -> bool:
+    """Whether keeping `keep_share` of a message cuts its units shorter (see TIGHT_SHARE)."""
+    return keep_share < TIGHT_SHARE
+
+
+def unit_limit(kind: str, tight: bool, min_segment: int, max_segment: int) -> int:
+    """The longest unit of a document of `kind` (see TIGHT_SHARE and TIGHT_KINDS)."""
+    return max(max_segment // 2, min_segment) if tight and kind in TIGHT_KINDS else max_segment
 
 _GREP_SEPARATOR = re.compile(r"^--\s*$")
 
@@ -349,8 +360,10 @@ def segment(
     line_tokens: Sequence[int],
     min_segment: int = 32,
     max_segment: int = 512,
+    tight: bool = False,
 ) -> list[Unit]:
-    """Units of whole lines covering every line once, in order (see module doc).
+    """Units of whole lines covering every line once, in order (see module doc). `tight`: the
+    budget keeps under TIGHT_SHARE of the text, so units of TIGHT_KINDS are cut shorter.
 
     `lines` may carry terminators (as `split_lines` gives them) or not.
     """
@@ -364,6 +377,7 @@ def segment(
         return []
     texts = _strip_numbers([line.rstrip("\r\n") for line in lines])
     kind = detect_kind(texts)
+    max_segment = unit_limit(kind, tight, min_segment, max_segment)
     raw_starts = _STARTS.get(kind, _starts_prose)(texts)
     bounds = list(raw_starts) + [len(texts)]
     spans = [(bounds[k], bounds[k + 1] - 1) for k in range(len(raw_starts))]

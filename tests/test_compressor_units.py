@@ -1,4 +1,4 @@
-"""Units under a tight budget: compression scores shorter units (policies.segmentation.max_segment_for),
+"""Units under a tight budget: compression scores shorter units of code (policies.segmentation.unit_limit),
 and the recall gate re-derives exactly those units from the kept-line map."""
 
 from __future__ import annotations

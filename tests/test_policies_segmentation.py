@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.rendering import split_lines
-from policies.segmentation import TAIL_SLACK, TIGHT_SHARE, Unit, check_units, detect_kind, max_segment_for, segment
+from policies.segmentation import TAIL_SLACK, TIGHT_KINDS, TIGHT_SHARE, Unit, check_units, detect_kind, is_tight, segment, unit_limit
 
 
 def toks(lines: list[str]) -> list[int]:
@@ -349,12 +349,24 @@ def test_units_reach_min_segment_when_lines_are_small(
         assert len(units) <= 1
 
 
-def test_units_are_half_as_long_under_a_tight_budget() -> None:
-    assert max_segment_for(0.27, 32, 512) == 512
-    assert max_segment_for(TIGHT_SHARE, 32, 512) == 512  # the default curve's shares (22.5 % and up) keep full units
-    assert max_segment_for(0.15, 32, 512) == 256
-    assert max_segment_for(0.15, 40, 64) == 40  # never below the merge size
+def test_units_of_code_are_half_as_long_under_a_tight_budget() -> None:
+    assert not is_tight(0.27) and not is_tight(TIGHT_SHARE)  # the default curve's shares (22.5 % and up)
+    assert is_tight(0.15)
+    assert unit_limit("code", False, 32, 512) == 512
+    assert unit_limit("code", True, 32, 512) == 256
+    assert unit_limit("log", True, 40, 64) == 40  # never below the merge size
     lines = [f"value_{i} = compute({i})\n" for i in range(400)]
     tokens = [6] * len(lines)
-    tight = segment(lines, tokens, 8, max_segment_for(0.15, 8, 64))
+    tight = segment(lines, tokens, 8, 64, tight=True)
     assert max(u.tokens for u in tight) <= 32 * TAIL_SLACK < max(u.tokens for u in segment(lines, tokens, 8, 64))
+
+
+def test_prose_keeps_its_full_units_under_a_tight_budget() -> None:
+    """A passage is evidence only whole: halving prose units lost MTRAG gold (segmentation.TIGHT_KINDS)."""
+    assert "prose" not in TIGHT_KINDS and unit_limit("prose", True, 32, 512) == 512
+    paragraph = [f"The council approved sentence {j} of the harbour plan after a long debate.\n" for j in range(8)]
+    lines = [line for i in range(30) for line in ([f"Passage {i}.\n", *paragraph, "\n"])]
+    tokens = [12] * len(lines)
+    assert {u.kind for u in segment(lines, tokens, 8, 128)} <= {"prose", "blank"}
+    assert segment(lines, tokens, 8, 128, tight=True) == segment(lines, tokens, 8, 128)
+    assert max(u.tokens for u in segment(lines, tokens, 8, 128)) > 64

@@ -30,7 +30,7 @@ import numpy as np
 from engine.scoring.embedder import EmbeddingScorer
 from engine.scoring.ranker import ANSWERS_CALL, FEATURES, MEANING_UNIT_TOKENS, SET_FEATURES, UNASKED, WITH_MEANING, RankerWeights, WeightSet, \
     columns_of, fit_weights, load_weights, meaning_candidates, meaning_features, ranker_features
-from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, max_segment_for
+from policies.segmentation import DEFAULT_MAX_SEGMENT, DEFAULT_MIN_SEGMENT, is_tight
 
 DATA_FILES = ("swe-dev.jsonl.zst", "swe-train.jsonl.zst")
 TRAIN_SPLITS = ("train", "validation")
@@ -84,8 +84,7 @@ def build_examples(data_dir: Path, count: Callable[[str], int], dense: Embedding
             lines = out.lines
             line_tokens = [count(x) for x in lines]
             tokens = count(out.text)
-            units = segment(lines, line_tokens, DEFAULT_MIN_SEGMENT,
-                            max_segment_for(keep_share, DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT))
+            units = segment(lines, line_tokens, DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT, is_tight(keep_share))
             texts = ["".join(lines[u.first : u.last + 1]) for u in units]
             labels = np.array(gold_units(out, units), dtype=np.float64)
 
@@ -163,15 +162,14 @@ SetsOf = Callable[[Example], dict[str, WeightSet]]
 @dataclass(frozen=True)
 class Cuts:
     """The same outputs cut into units as serving cuts them at CHECK_RATIO and under TIGHT_SHARE
-    (shorter units under a tight budget: policies.segmentation.max_segment_for)."""
+    (shorter units of code, grep and logs under a tight budget: policies.segmentation.unit_limit)."""
 
     full: list[Example]
     tight: list[Example]
 
     def at(self, ratio: float) -> list[Example]:
-        """The cut serving makes when it keeps `ratio` of an output (the rule is max_segment_for's)."""
-        tight = max_segment_for(ratio, DEFAULT_MIN_SEGMENT, DEFAULT_MAX_SEGMENT) < DEFAULT_MAX_SEGMENT
-        return self.tight if tight else self.full
+        """The cut serving makes when it keeps `ratio` of an output."""
+        return self.tight if is_tight(ratio) else self.full
 
     def only(self, keep: Callable[[Example], bool]) -> Cuts:
         return Cuts([e for e in self.full if keep(e)], [e for e in self.tight if keep(e)])
