@@ -56,6 +56,7 @@ from benchmarks.retention_cases import (
     own_ranges,
     paired_gain,
     random_units,
+    retentions,
     session_of,
     share_cell,
     values_at,
@@ -304,9 +305,8 @@ def _goal_line(results: dict[str, MethodResult], idx: Sequence[int], cases: Sequ
         return ""
 
     def share(name: str, key: str) -> tuple[float, tuple[float, float]]:
-        got = measured_at(results[name], key, idx)
-        values = [o.retention for _, o in got]
-        return mean(values) or 0.0, bootstrap(values, groups=[session_of(cases[i]) for i, _ in got])
+        values, groups = retentions(results[name], key, idx, cases)
+        return mean(values) or 0.0, bootstrap(values, groups=groups)
 
     def told(goal: float, point: float, interval: tuple[float, float], points: bool = False) -> str:
         shown = (f"{100 * point:+.1f} ({100 * interval[0]:+.1f}…{100 * interval[1]:+.1f})" if points else

@@ -135,10 +135,15 @@ def measured_at(result: MethodResult, key: str, idx: Sequence[int]) -> list[tupl
     return [(i, o) for i in idx if (o := result.outcomes[key][i]) is not None]
 
 
+def retentions(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> tuple[list[float], list[str]]:
+    """The shares measured on `idx` and the session of each (the groups its interval resamples)."""
+    got = measured_at(result, key, idx)
+    return [o.retention for _, o in got], [session_of(cases[i]) for i, _ in got]
+
+
 def share_cell(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:
     """Mean share per output, its interval resampling sessions."""
-    got = measured_at(result, key, idx)
-    return ci_cell([o.retention for _, o in got], [session_of(cases[i]) for i, _ in got])
+    return ci_cell(*retentions(result, key, idx, cases))
 
 
 def gold_line_cell(result: MethodResult, key: str, idx: Sequence[int], cases: Sequence[Case]) -> str:

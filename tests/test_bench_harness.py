@@ -329,3 +329,18 @@ def test_the_memory_section_reads_a_process_footprint() -> None:
 
     mine = Footprint.of(os.getpid())
     assert mine.peak >= mine.anon > 0 and mine.file > 0  # this interpreter has mapped files and a heap
+
+
+def test_each_model_counts_tokens_in_its_own_vocabulary(tmp_path: Path, model_path: Path,
+                                                        instruct_model_path: Path) -> None:
+    """BenchContext.counter_for: the bench's own model counts with its own tokenizer, another model
+    with that model's (loaded once), so an output sized for Qwen is sized in Qwen's tokens."""
+    from engine.tokenizer import GgufTokenizer
+
+    ctx = BenchContext(quick=True, plots_dir=tmp_path / "p", results_dir=tmp_path / "r", cache_dir=tmp_path / "c",
+                       model_path=model_path)
+    text = "def parse_config(path):\n    return json.loads(Path(path).read_text())\n" * 20
+    assert ctx.counter_for(model_path) == ctx.count_tokens
+    qwen = ctx.counter_for(instruct_model_path)
+    assert qwen is ctx.counter_for(instruct_model_path)  # loaded once
+    assert qwen(text) == GgufTokenizer(instruct_model_path).count_tokens(text) != ctx.count_tokens(text)
