@@ -75,8 +75,8 @@ class MessageCompressor:
     def segment_message(self, text: str, keep_share: float) -> tuple[list[str], list[int], list[Unit]]:
         """Lines, tokens per line and units: a pure function of the text and the share kept of it
         (shorter units of code, grep and logs under a tight budget: policies.segmentation.unit_limit),
-        so recall re-derives exactly the units compression chose from. Cached: a follow-up's recall gate must not re-tokenize the
-        long messages it scores (only the new question is new work)."""
+        so recall re-derives exactly the units compression chose from. Cached: a follow-up's recall
+        gate must not re-tokenize the long messages it scores (only the new question is new work)."""
         tight = is_tight(keep_share)
         key = f"{content_hash(text)}/{tight}"
         with self._lock:

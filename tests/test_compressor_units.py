@@ -46,6 +46,18 @@ def test_a_tight_budget_scores_shorter_units_and_recall_reads_the_same() -> None
     assert explicit.unit_texts == report.unit_texts
 
 
+def test_prose_is_scored_in_whole_passages_under_a_tight_budget() -> None:
+    """Retrieved passages count only whole (segmentation.TIGHT_KINDS): a tight budget scores the
+    units a loose one does, though each passage is longer than half max_segment."""
+    passages = "\n\n".join(f"Passage {i} on the harbour plan.\n" + "".join(
+        f"The council weighed point {j} of proposal harbour{i}x with care.\n" for j in range(5)) for i in range(16))
+    messages = [Message("user", "What did the council weigh in proposal harbour7x?"), Message("user", passages)]
+    plan, tight = compressor("100:0.15 100000:0.15").compress(messages, 1, word_count(passages))
+    _plan, loose = compressor("100:0.3 100000:0.3").compress(messages, 1, word_count(passages))
+    assert plan.compressed and tight.unit_texts == loose.unit_texts
+    assert max(word_count(u) for u in tight.unit_texts) > 32
+
+
 class UnitsSeen:
     """A scorer that records the units it is asked about."""
 
