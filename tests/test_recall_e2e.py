@@ -139,3 +139,23 @@ def test_a_follow_up_without_tools_recalls_an_omitted_line_in_its_own_conversati
     log = transcript(gateway, session)
     assert log[3]["content"] == served  # the history as it was served, compressed
     assert log[-1]["content"].startswith("[pflash: recalled ") and "def helper_37(values):" in log[-1]["content"]
+
+
+def test_a_tight_budget_keeps_retrieved_prose_in_whole_passages(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Under 20 % of a message kept, code is cut into half-length units but prose is not
+    (policies.segmentation.TIGHT_KINDS): a search output's passages are served whole or not at all."""
+    server = start_gateway("--budget-curve", "300:0.15 100000:0.15")
+    session = "tight-prose-" + uuid.uuid4().hex
+    topics = ["harbour", "orchard", "railway", "library", "glacier", "vineyard", "observatory", "lighthouse",
+              "quarry", "meadow", "bakery", "foundry", "canal", "theatre", "monastery", "brewery", "market", "bridge"]
+    # About 55 tokens each: one unit at the test gateway's max_segment (64), two at half of it.
+    passages = [[f"Document {i}: the {topic} survey.\n",
+                 *(f"The {topic} committee recorded finding {j} of survey {i} in its annual report.\n"
+                   for j in range(3))] for i, topic in enumerate(topics)]
+    output = "\n".join("".join(p) for p in passages)
+    messages = tool_conversation(output, "What did the survey find about the glacier committee?")
+    assert post(server, session, messages).headers["X-PFlash-Compressed"] == "true"
+    served = set(transcript(server, session)[3]["content"].splitlines())
+    shown = [sum(line.rstrip("\n") in served for line in p) for p in passages]
+    assert any(shown), "nothing of the output was kept"
+    assert all(n in (0, len(p)) for n, p in zip(shown, passages)), f"a passage served in part: {shown}"
